@@ -1,0 +1,159 @@
+"""Loads YAML into :class:`config.model.Config`; every error names the YAML path and value."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import yaml
+
+from .model import Config, ListenConfig, MetricsConfig, UpstreamConfig
+
+
+class ConfigError(ValueError):
+    """An invalid configuration. ``str()`` names the YAML path and the offending value."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(f"{path}: {message}")
+        self.path = path
+
+
+def load_config(file: str | Path) -> Config:
+    path = Path(file)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(str(path), f"cannot read: {exc.strerror}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(str(path), f"not valid YAML: {exc}") from exc
+    return parse_config(data)
+
+
+def parse_config(data: Any) -> Config:
+    root = _mapping(data, "$", {"upstream", "listen", "metrics"})
+    if "upstream" not in root:
+        raise ConfigError("upstream", "is required")
+    return Config(
+        upstream=_upstream(root["upstream"], "upstream"),
+        listen=_listen(root.get("listen", {}), "listen"),
+        metrics=_metrics(root.get("metrics", {}), "metrics"),
+    )
+
+
+def _upstream(data: Any, path: str) -> UpstreamConfig:
+    m = _mapping(
+        data,
+        path,
+        {"bootstrap_servers", "connect_timeout_s", "connect_attempts", "metadata_refresh_interval_s"},
+    )
+    servers = m.get("bootstrap_servers")
+    p = f"{path}.bootstrap_servers"
+    if not isinstance(servers, list) or not servers:
+        raise ConfigError(p, f"must be a non-empty list of host:port, got {servers!r}")
+    for i, s in enumerate(servers):
+        _host_port(s, f"{p}[{i}]")
+    d = UpstreamConfig(bootstrap_servers=("",))
+    return UpstreamConfig(
+        bootstrap_servers=tuple(servers),
+        connect_timeout_s=_number(m, "connect_timeout_s", path, d.connect_timeout_s, 0.001),
+        connect_attempts=_int(m, "connect_attempts", path, d.connect_attempts, 1, 100),
+        metadata_refresh_interval_s=_number(
+            m, "metadata_refresh_interval_s", path, d.metadata_refresh_interval_s, 0.1
+        ),
+    )
+
+
+def _listen(data: Any, path: str) -> ListenConfig:
+    m = _mapping(
+        data,
+        path,
+        {"host", "advertised_host", "bootstrap_port", "broker_port_base", "node_ports", "max_frame_bytes"},
+    )
+    d = ListenConfig()
+    node_ports_raw = m.get("node_ports", {})
+    p = f"{path}.node_ports"
+    if not isinstance(node_ports_raw, dict):
+        raise ConfigError(p, f"must be a mapping of node id to port, got {node_ports_raw!r}")
+    node_ports = {}
+    for k, v in node_ports_raw.items():
+        if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+            raise ConfigError(f"{p}.{k}", f"node id must be a non-negative integer, got {k!r}")
+        node_ports[k] = _port_value(v, f"{p}.{k}")
+    return ListenConfig(
+        host=_str(m, "host", path, d.host),
+        advertised_host=_str(m, "advertised_host", path, d.advertised_host),
+        bootstrap_port=_int(m, "bootstrap_port", path, d.bootstrap_port, 0, 65535),
+        broker_port_base=_int(m, "broker_port_base", path, d.broker_port_base, 0, 65535),
+        node_ports=MappingProxyType(node_ports),
+        max_frame_bytes=_int(m, "max_frame_bytes", path, d.max_frame_bytes, 1024, 2**31 - 1),
+    )
+
+
+def _metrics(data: Any, path: str) -> MetricsConfig:
+    m = _mapping(data, path, {"host", "port", "enabled"})
+    d = MetricsConfig()
+    enabled = m.get("enabled", d.enabled)
+    if not isinstance(enabled, bool):
+        raise ConfigError(f"{path}.enabled", f"must be true or false, got {enabled!r}")
+    return MetricsConfig(
+        host=_str(m, "host", path, d.host),
+        port=_int(m, "port", path, d.port, 0, 65535),
+        enabled=enabled,
+    )
+
+
+def _mapping(data: Any, path: str, allowed: set[str]) -> dict:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(path, f"must be a mapping, got {data!r}")
+    for key in data:
+        if key not in allowed:
+            where = key if path == "$" else f"{path}.{key}"
+            raise ConfigError(where, f"unknown key (allowed: {', '.join(sorted(allowed))})")
+    return data
+
+
+def _str(m: dict, key: str, path: str, default: str) -> str:
+    v = m.get(key, default)
+    if not isinstance(v, str) or not v:
+        raise ConfigError(f"{path}.{key}", f"must be a non-empty string, got {v!r}")
+    return v
+
+
+def _int(m: dict, key: str, path: str, default: int, lo: int, hi: int) -> int:
+    v = m.get(key, default)
+    if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+        raise ConfigError(f"{path}.{key}", f"must be an integer in [{lo}, {hi}], got {v!r}")
+    return v
+
+
+def _number(m: dict, key: str, path: str, default: float, lo: float) -> float:
+    v = m.get(key, default)
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or v < lo:
+        raise ConfigError(f"{path}.{key}", f"must be a number >= {lo}, got {v!r}")
+    return float(v)
+
+
+def _port_value(v: Any, path: str) -> int:
+    if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= 65535:
+        raise ConfigError(path, f"must be a port in [0, 65535], got {v!r}")
+    return v
+
+
+def _host_port(s: Any, path: str) -> tuple[str, int]:
+    if not isinstance(s, str) or ":" not in s:
+        raise ConfigError(path, f"must be host:port, got {s!r}")
+    host, _, port = s.rpartition(":")
+    host = host.strip("[]")
+    if not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise ConfigError(path, f"must be host:port, got {s!r}")
+    return host, int(port)
+
+
+def split_host_port(s: str) -> tuple[str, int]:
+    """Splits a validated ``host:port`` (IPv6 in brackets allowed)."""
+    return _host_port(s, "host:port")

@@ -1,0 +1,93 @@
+"""The Kafka APIs this proxy can decode, taken from kafka-python's schema-generated classes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+
+# Importing these modules registers every request/response class kafka-python generates.
+import kafka.protocol.admin  # noqa: F401
+import kafka.protocol.consumer  # noqa: F401
+import kafka.protocol.metadata  # noqa: F401
+import kafka.protocol.producer  # noqa: F401
+import kafka.protocol.sasl  # noqa: F401
+from kafka.protocol.api_key import ApiKey as _KpApiKey
+from kafka.protocol.api_message import ApiMessage
+
+
+class ApiKey(IntEnum):
+    """Kafka API keys the proxy refers to by name."""
+
+    PRODUCE = 0
+    FETCH = 1
+    METADATA = 3
+    FIND_COORDINATOR = 10
+    SASL_HANDSHAKE = 17
+    API_VERSIONS = 18
+    CREATE_TOPICS = 19
+    DELETE_TOPICS = 20
+    SASL_AUTHENTICATE = 36
+    CREATE_PARTITIONS = 37
+    DESCRIBE_QUORUM = 55
+    DESCRIBE_CLUSTER = 60
+    SHARE_FETCH = 78
+    SHARE_ACKNOWLEDGE = 79
+
+
+@dataclass(frozen=True, slots=True)
+class ApiSpec:
+    """What the proxy knows of one API key: its classes, highest version and flexible range."""
+
+    api_key: int
+    name: str
+    request: type[ApiMessage]
+    response: type[ApiMessage]
+    max_version: int
+    first_flexible_version: int | None
+
+    def is_flexible(self, version: int) -> bool:
+        return self.first_flexible_version is not None and version >= self.first_flexible_version
+
+
+def _primary_classes() -> dict[tuple[int, str], type[ApiMessage]]:
+    found: dict[tuple[int, str], type[ApiMessage]] = {}
+    stack = list(ApiMessage.__subclasses__())
+    while stack:
+        cls = stack.pop()
+        stack.extend(cls.__subclasses__())
+        if getattr(cls, "_class_version", None) is None and getattr(cls, "_json", None):
+            found[(cls.API_KEY, cls.type)] = cls
+    return found
+
+
+def _build_registry() -> dict[int, ApiSpec]:
+    classes = _primary_classes()
+    specs: dict[int, ApiSpec] = {}
+    for (api_key, kind), request in classes.items():
+        if kind != "request" or (api_key, "response") not in classes:
+            continue
+        flexible = request._flexible_versions  # (first, last) or None
+        first_flexible = flexible[0] if flexible and flexible[0] >= 0 else None
+        specs[api_key] = ApiSpec(
+            api_key=api_key,
+            name=request.__name__.removesuffix("Request"),
+            request=request,
+            response=classes[(api_key, "response")],
+            max_version=request.max_version,
+            first_flexible_version=first_flexible,
+        )
+    return specs
+
+
+SPECS: dict[int, ApiSpec] = _build_registry()
+
+
+def api_name(api_key: int) -> str:
+    """Kafka's name for ``api_key`` ("Produce", "Fetch", ...), or ``"Unknown<key>"``."""
+    spec = SPECS.get(api_key)
+    if spec is not None:
+        return spec.name
+    try:
+        return _KpApiKey(api_key).name
+    except ValueError:
+        return f"Unknown{api_key}"

@@ -1,0 +1,104 @@
+"""Kafka's size-prefixed framing: ``int32 size`` followed by ``size`` bytes.
+
+No I/O happens here: bytes go in through :meth:`FrameReader.feed`, whole frames come out.
+"""
+
+from __future__ import annotations
+
+from struct import Struct
+
+_INT32 = Struct(">i")
+
+
+class FrameError(Exception):
+    """The byte stream cannot be framed; the connection it came from must be closed."""
+
+
+class FrameReader:
+    """Splits a byte stream into frames without the 4-byte size prefix.
+
+    Guarantees: a frame's size is checked against ``max_frame_bytes`` before any buffer is
+    allocated for it; a frame is returned only when complete; bytes after the last complete
+    frame are kept for the next :meth:`feed`. Frames that arrive whole inside one chunk are
+    returned as zero-copy ``memoryview`` slices of that chunk, valid until the caller drops it.
+    """
+
+    __slots__ = ("max_frame_bytes", "_partial", "_need", "_size_prefix")
+
+    def __init__(self, max_frame_bytes: int) -> None:
+        self.max_frame_bytes = max_frame_bytes
+        self._partial: bytearray | None = None  # body of a frame still arriving
+        self._need = 0  # bytes still missing from ``_partial``
+        self._size_prefix = b""  # a size prefix split across chunks
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes held for an incomplete frame (0 between frames)."""
+        if self._partial is not None:
+            return len(self._partial) - self._need + 4
+        return len(self._size_prefix)
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[memoryview | bytearray]:
+        """Consumes ``data``; returns the frames it completed, in order.
+
+        Raises :class:`FrameError` for a negative size or one above ``max_frame_bytes``.
+        """
+        frames: list[memoryview | bytearray] = []
+        view = memoryview(data)
+        pos = 0
+        end = len(view)
+        if self._partial is not None:
+            take = min(self._need, end)
+            start = len(self._partial) - self._need
+            self._partial[start : start + take] = view[:take]
+            self._need -= take
+            pos = take
+            if self._need:
+                return frames
+            frames.append(self._partial)
+            self._partial = None
+        if self._size_prefix:
+            missing = 4 - len(self._size_prefix)
+            if end - pos < missing:
+                self._size_prefix += bytes(view[pos:end])
+                return frames
+            prefix = self._size_prefix + bytes(view[pos : pos + missing])
+            self._size_prefix = b""
+            pos += missing
+            size = self._check(_INT32.unpack(prefix)[0])
+            if end - pos >= size:
+                frames.append(view[pos : pos + size])
+                pos += size
+            else:
+                pos = self._start_partial(view, pos, end, size)
+        while pos < end:
+            if end - pos < 4:
+                self._size_prefix = bytes(view[pos:end])
+                break
+            size = self._check(_INT32.unpack_from(view, pos)[0])
+            pos += 4
+            if end - pos >= size:
+                frames.append(view[pos : pos + size])
+                pos += size
+            else:
+                pos = self._start_partial(view, pos, end, size)
+        return frames
+
+    def _check(self, size: int) -> int:
+        if size < 0:
+            raise FrameError(f"negative frame size {size}")
+        if size > self.max_frame_bytes:
+            raise FrameError(f"frame size {size} exceeds max_frame_bytes {self.max_frame_bytes}")
+        return size
+
+    def _start_partial(self, view: memoryview, pos: int, end: int, size: int) -> int:
+        self._partial = bytearray(size)
+        have = end - pos
+        self._partial[:have] = view[pos:end]
+        self._need = size - have
+        return end
+
+
+def frame(payload: bytes | bytearray | memoryview) -> bytes:
+    """Prefixes ``payload`` with its int32 size."""
+    return _INT32.pack(len(payload)) + bytes(payload)

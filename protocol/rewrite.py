@@ -1,0 +1,78 @@
+"""Pure rewrites of decoded responses: broker endpoints and ApiVersions ranges.
+
+``Advertise`` maps a broker (node id, upstream host, upstream port) to the address the
+proxy serves that node on; every rewrite here goes through it, so no broker address survives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from kafka.protocol.api_message import ApiMessage
+from kafka.protocol.metadata import ApiVersionsResponse
+
+from . import errors
+from .apis import ApiKey
+
+Advertise = Callable[[int, str, int], tuple[str, int]]
+
+
+def rewrite_metadata(resp: ApiMessage, advertise: Advertise) -> None:
+    for broker in resp.brokers:
+        broker.host, broker.port = advertise(broker.node_id, broker.host, broker.port)
+
+
+def rewrite_find_coordinator(resp: ApiMessage, advertise: Advertise) -> None:
+    # v4+ (KIP-699) batches coordinators; earlier versions carry a single one at top level.
+    coordinators = resp.coordinators if resp.version >= 4 else [resp]
+    for c in coordinators:
+        if c.node_id >= 0 and c.host:
+            c.host, c.port = advertise(c.node_id, c.host, c.port)
+
+
+def rewrite_describe_cluster(resp: ApiMessage, advertise: Advertise) -> None:
+    for broker in resp.brokers:
+        broker.host, broker.port = advertise(broker.broker_id, broker.host, broker.port)
+
+
+def rewrite_node_endpoints(resp: ApiMessage, advertise: Advertise) -> None:
+    """Produce v10+ / Fetch v16+ ``NodeEndpoints`` (KIP-951)."""
+    for ep in resp.node_endpoints or ():
+        ep.host, ep.port = advertise(ep.node_id, ep.host, ep.port)
+
+
+ENDPOINT_REWRITERS: dict[int, Callable[[ApiMessage, Advertise], None]] = {
+    ApiKey.METADATA: rewrite_metadata,
+    ApiKey.FIND_COORDINATOR: rewrite_find_coordinator,
+    ApiKey.DESCRIBE_CLUSTER: rewrite_describe_cluster,
+    ApiKey.PRODUCE: rewrite_node_endpoints,
+    ApiKey.FETCH: rewrite_node_endpoints,
+}
+
+
+def cap_api_versions(resp: ApiMessage, caps: Mapping[int, int | None]) -> None:
+    """Lowers each listed API's max version to its cap; a cap of None removes the API.
+
+    An API whose broker minimum is above the cap is removed: the proxy cannot speak it.
+    """
+    kept = []
+    for entry in resp.api_keys:
+        if entry.api_key in caps:
+            cap = caps[entry.api_key]
+            if cap is None or entry.min_version > cap:
+                continue
+            entry.max_version = min(entry.max_version, cap)
+        kept.append(entry)
+    resp.api_keys = kept
+
+
+def unsupported_api_versions_response(max_version: int) -> ApiMessage:
+    """What a broker answers to an ApiVersions request newer than it knows.
+
+    Follows Kafka's ApiVersionsRequest.getErrorResponse: a v0 body with UNSUPPORTED_VERSION
+    listing only ApiVersions' own range, so the client can retry with a version both speak.
+    """
+    entry = ApiVersionsResponse[0].ApiVersion(
+        api_key=ApiKey.API_VERSIONS, min_version=0, max_version=max_version
+    )
+    return ApiVersionsResponse[0](error_code=errors.UNSUPPORTED_VERSION, api_keys=[entry])

@@ -1,0 +1,113 @@
+"""Walks Produce and Fetch response bodies without decoding them.
+
+The hot path must not copy record sets to learn whether a response needs rewriting. These
+scanners read only fixed-width fields and lengths, skipping records by their size prefix, and
+report where the top-level tagged fields start (KIP-951's ``NodeEndpoints`` live there).
+"""
+
+from __future__ import annotations
+
+from struct import Struct
+from typing import NamedTuple
+
+from .headers import HeaderError, read_uvarint, skip_tagged_fields
+
+_INT16 = Struct(">h")
+
+
+class ScanError(ValueError):
+    """A response body that does not match its schema."""
+
+
+class ResponseScan(NamedTuple):
+    throttle_offset: int  # offset of throttle_time_ms within the body
+    error_codes: frozenset[int]  # partition-level error codes seen (0 included)
+    has_top_level_tags: bool  # True when the body ends in a non-empty tagged-field section
+
+
+def _compact_len(buf, pos: int) -> tuple[int, int]:
+    """A compact (nullable) length: uvarint N+1; returns (N or -1 for null, next pos)."""
+    n, pos = read_uvarint(buf, pos)
+    return n - 1, pos
+
+
+def _skip_compact_bytes(buf, pos: int) -> int:
+    n, pos = _compact_len(buf, pos)
+    if n > 0:
+        pos += n
+    if pos > len(buf):
+        raise ScanError("length runs past the body")
+    return pos
+
+
+def scan_produce_response(body, version: int) -> ResponseScan:
+    """ProduceResponse v9+ (flexible)."""
+    if version < 9:
+        raise ScanError("only flexible ProduceResponse versions are scanned")
+    try:
+        errors: set[int] = set()
+        pos = 0
+        topics, pos = _compact_len(body, pos)
+        for _ in range(max(topics, 0)):
+            if version >= 13:
+                pos += 16  # topic id
+            else:
+                pos = _skip_compact_bytes(body, pos)
+            parts, pos = _compact_len(body, pos)
+            for _ in range(max(parts, 0)):
+                errors.add(_INT16.unpack_from(body, pos + 4)[0])
+                pos += 4 + 2 + 8 + 8 + 8  # index, error, base offset, append time, start offset
+                record_errors, pos = _compact_len(body, pos)
+                for _ in range(max(record_errors, 0)):
+                    pos = _skip_compact_bytes(body, pos + 4)
+                    pos = skip_tagged_fields(body, pos)
+                pos = _skip_compact_bytes(body, pos)  # error message
+                pos = skip_tagged_fields(body, pos)
+            pos = skip_tagged_fields(body, pos)
+        throttle_offset = pos
+        pos += 4
+        return ResponseScan(throttle_offset, frozenset(errors), _has_tags(body, pos))
+    except (HeaderError, IndexError) as exc:
+        raise ScanError(f"malformed ProduceResponse v{version}: {exc}") from exc
+    except Exception as exc:  # struct.error on a short body
+        raise ScanError(f"malformed ProduceResponse v{version}: {exc}") from exc
+
+
+def scan_fetch_response(body, version: int) -> ResponseScan:
+    """FetchResponse v12+ (flexible)."""
+    if version < 12:
+        raise ScanError("only flexible FetchResponse versions are scanned")
+    try:
+        errors: set[int] = set()
+        pos = 4 + 2 + 4  # throttle, error code, session id
+        topics, pos = _compact_len(body, pos)
+        for _ in range(max(topics, 0)):
+            if version >= 13:
+                pos += 16
+            else:
+                pos = _skip_compact_bytes(body, pos)
+            parts, pos = _compact_len(body, pos)
+            for _ in range(max(parts, 0)):
+                errors.add(_INT16.unpack_from(body, pos + 4)[0])
+                pos += 4 + 2 + 8 + 8 + 8  # index, error, high watermark, LSO, log start
+                aborted, pos = _compact_len(body, pos)
+                for _ in range(max(aborted, 0)):
+                    pos = skip_tagged_fields(body, pos + 16)
+                pos += 4  # preferred read replica
+                pos = _skip_compact_bytes(body, pos)  # records
+                pos = skip_tagged_fields(body, pos)
+            pos = skip_tagged_fields(body, pos)
+        return ResponseScan(0, frozenset(errors), _has_tags(body, pos))
+    except ScanError:
+        raise
+    except Exception as exc:
+        raise ScanError(f"malformed FetchResponse v{version}: {exc}") from exc
+
+
+def _has_tags(body, pos: int) -> bool:
+    if pos >= len(body):
+        raise ScanError("body ends before its tagged fields")
+    count, end = read_uvarint(body, pos)
+    if count == 0 and end != len(body):
+        raise ScanError(f"{len(body) - end} bytes after the end of the body")
+    return count > 0
