@@ -1,0 +1,1 @@
+"""The asyncio side of kafka-quota-proxy: listeners, connections, filters, metrics, CLI."""

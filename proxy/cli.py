@@ -1,0 +1,94 @@
+"""``kafka-quota-proxy``: run, check-config, demo."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from config import ConfigError, load_config
+
+from . import logs
+
+log = logging.getLogger("proxy.cli")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kafka-quota-proxy", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the proxy")
+    run.add_argument("--config", required=True, help="YAML configuration file")
+    run.add_argument("--ready-file", help="write listening addresses here as JSON once serving")
+    check = sub.add_parser("check-config", help="validate a configuration file and exit")
+    check.add_argument("file")
+    demo = sub.add_parser("demo", help="start a local broker with the proxy in front and use it")
+    demo.add_argument("--duration", type=float, default=None, help="seconds to keep running (default: until Ctrl-C)")
+    for sp in (run, demo):
+        sp.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+        sp.add_argument("--log-format", default="text", choices=["text", "json"])
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "check-config":
+        try:
+            load_config(args.file)
+        except ConfigError as exc:
+            print(f"invalid configuration: {exc}", file=sys.stderr)
+            return 2
+        print(f"{args.file}: ok")
+        return 0
+    logs.configure(args.log_level, args.log_format)
+    if args.command == "demo":
+        from .demo import run_demo
+
+        return _run(run_demo(args.duration))
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"invalid configuration: {exc}", file=sys.stderr)
+        return 2
+    return _run(serve(config, args.ready_file))
+
+
+def _run(coro) -> int:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
+async def serve(config, ready_file: str | None) -> int:
+    from .server import ProxyServer
+
+    server = ProxyServer(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await server.start()
+    except OSError as exc:
+        log.error("cannot start: %s", exc)
+        return 1
+    if ready_file:
+        write_ready_file(ready_file, server)
+    await stop.wait()
+    log.info("stopping")
+    await server.stop()
+    return 0
+
+
+def write_ready_file(path: str, server) -> None:
+    info = {"pid": os.getpid(), "bootstrap": list(server.bootstrap_address)}
+    info["metrics"] = list(server.metrics_address) if server.metrics_address else None
+    tmp = Path(path).with_suffix(".tmp")
+    tmp.write_text(json.dumps(info))
+    tmp.replace(path)

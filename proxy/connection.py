@@ -1,0 +1,371 @@
+"""One client connection and the upstream connection it owns.
+
+Guarantees:
+- responses reach the client in request order, whether the broker or the proxy produced them;
+- a Produce with acks=0 registers nothing and is never answered;
+- a frame that cannot be framed or parsed closes this connection only, with a log line;
+- while muted, nothing is read from the client, but responses still flow to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from struct import Struct
+from typing import TYPE_CHECKING
+
+from protocol.apis import SPECS, ApiKey
+from protocol.frames import FrameError, FrameReader
+from protocol.headers import HeaderError, parse_request_header, response_correlation_id
+from protocol.messages import DecodeError
+from protocol.scan import ScanError
+
+from .filters.base import Answer, Close, Forward
+from .flow import ReadGate
+from .principal import ANONYMOUS
+
+if TYPE_CHECKING:
+    from .server import ProxyServer
+
+log = logging.getLogger("proxy.connection")
+
+_INT16 = Struct(">h")
+_INT32 = Struct(">i")
+_RAW_SASL_ROUND_TRIPS = {"PLAIN": 1, "SCRAM-SHA-256": 2, "SCRAM-SHA-512": 2}
+
+
+class Session:
+    """Who is on the other end of a client connection."""
+
+    __slots__ = ("principal", "client_id", "sasl_mechanism", "claimed_principal", "authenticated")
+
+    def __init__(self) -> None:
+        self.principal = ANONYMOUS
+        self.client_id: str | None = None
+        self.sasl_mechanism: str | None = None
+        self.claimed_principal: str | None = None
+        self.authenticated = False
+
+    def authenticate(self, principal: str) -> None:
+        self.principal = principal
+        self.authenticated = True
+
+
+class InFlight:
+    """A request awaiting its response. ``response`` is set once the bytes to send are known."""
+
+    __slots__ = ("correlation_id", "api_key", "api_version", "received_at", "response", "raw")
+
+    def __init__(self, correlation_id: int, api_key: int, api_version: int, received_at: float) -> None:
+        self.correlation_id = correlation_id
+        self.api_key = api_key
+        self.api_version = api_version
+        self.received_at = received_at
+        self.response: bytes | bytearray | memoryview | None = None
+        self.raw = False  # a raw SASL token (SaslHandshake v0): no header, no correlation id
+
+
+def produce_acks(frame, body_offset: int, api_version: int) -> int:
+    """The acks field of a ProduceRequest, read without decoding the records."""
+    pos = body_offset
+    if api_version >= 3:  # transactional_id comes first
+        if SPECS[ApiKey.PRODUCE].is_flexible(api_version):
+            n, pos = _uvarint(frame, pos)
+            pos += max(n - 1, 0)
+        else:
+            (n,) = _INT16.unpack_from(frame, pos)
+            pos += 2 + max(n, 0)
+    return _INT16.unpack_from(frame, pos)[0]
+
+
+def _uvarint(buf, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return value, pos
+        shift += 7
+
+
+class ClientConnection(asyncio.Protocol):
+    def __init__(self, server: ProxyServer, node_id: int | None) -> None:
+        self.server = server
+        self.cluster = server.cluster
+        self.stats = server.stats
+        self.chain = server.chain
+        self.node_id = node_id  # None: the bootstrap listener
+        self.session = Session()
+        self.label = "client"
+        self.transport: asyncio.Transport | None = None
+        self.upstream: UpstreamConnection | None = None
+        self._reader = FrameReader(server.config.listen.max_frame_bytes)
+        self._pending: deque[InFlight] = deque()  # every answered request, in client order
+        self._awaiting_upstream: deque[InFlight] = deque()  # forwarded, in upstream order
+        self._unsent: list = []  # frames for upstream before it is connected
+        self._closed = False
+        self._raw_sasl_frames = 0
+        self.gate: ReadGate | None = None
+        self._connect_task: asyncio.Task | None = None
+
+    # -- client side ------------------------------------------------------------------------
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        self.label = f"{peer[0]}:{peer[1]}" if peer else "client"
+        self.gate = ReadGate(transport, self.stats)
+        self.stats.open_connections += 1
+        self.server.connections.add(self)
+        self._connect_task = asyncio.get_running_loop().create_task(self._connect_upstream())
+
+    def data_received(self, data: bytes) -> None:
+        self.stats.bytes_client_to_upstream += len(data)
+        try:
+            frames = self._reader.feed(data)
+        except FrameError as exc:
+            self._reject("bad_frame", str(exc))
+            return
+        out: list = []
+        for frame in frames:
+            if self._closed:
+                return
+            if self._raw_sasl_frames:
+                self._forward_raw_sasl(frame, out)
+                continue
+            try:
+                self._on_request(frame, out)
+            except HeaderError as exc:
+                self._reject("bad_header", str(exc))
+                return
+            except (DecodeError, ScanError) as exc:
+                self.stats.decode_failures += 1
+                self._reject("undecodable", str(exc))
+                return
+            except Exception:
+                log.exception("request filter failed on %s; closing it", self.label)
+                self._reject("filter_error", "filter raised")
+                return
+        if out:
+            self._send_upstream(out)
+
+    def _on_request(self, frame, out: list) -> None:
+        header = parse_request_header(frame)
+        key = header.api_key
+        self.stats.requests[(key, header.api_version)] += 1
+        self.session.client_id = header.client_id
+        if header.body_offset < 0:
+            self.stats.unknown_api_requests += 1
+        for f in self.chain.request_filters(key):
+            decision = f.on_request(self, header, frame)
+            if decision is None:
+                continue
+            if isinstance(decision, Answer):
+                entry = InFlight(header.correlation_id, key, header.api_version, time.monotonic())
+                self._pending.append(entry)
+                self.stats.local_responses[key] += 1
+                self._complete(entry, decision.frame)
+                return
+            if isinstance(decision, Close):
+                self._reject("filter_close", decision.reason)
+                return
+            if isinstance(decision, Forward):
+                frame = decision.frame
+        expects_response = True
+        if key == ApiKey.PRODUCE and header.body_offset >= 0:
+            # acks=0: the broker sends nothing back, so nothing may wait for or invent a reply.
+            expects_response = produce_acks(frame, header.body_offset, header.api_version) != 0
+        if expects_response:
+            entry = InFlight(header.correlation_id, key, header.api_version, time.monotonic())
+            self._pending.append(entry)
+            self._awaiting_upstream.append(entry)
+        out.append(_INT32.pack(len(frame)))
+        out.append(frame)
+
+    def _forward_raw_sasl(self, frame, out: list) -> None:
+        entry = InFlight(-1, ApiKey.SASL_AUTHENTICATE, -1, time.monotonic())
+        entry.raw = True
+        self._pending.append(entry)
+        self._awaiting_upstream.append(entry)
+        self._raw_sasl_frames -= 1
+        out.append(_INT32.pack(len(frame)))
+        out.append(frame)
+
+    def start_raw_sasl(self, mechanism: str | None) -> None:
+        """SaslHandshake v0 succeeded: the next client frames are raw SASL tokens."""
+        rounds = _RAW_SASL_ROUND_TRIPS.get(mechanism or "")
+        if rounds is None:
+            self._reject("unsupported_sasl", f"SaslHandshake v0 with {mechanism} is not supported")
+            return
+        self._raw_sasl_frames = rounds
+
+    def _send_upstream(self, out: list) -> None:
+        up = self.upstream
+        if up is None or up.transport is None:
+            self._unsent.extend(bytes(b) for b in out)  # the chunk's memory is not ours to keep
+            return
+        up.transport.writelines(out)
+
+    def pause_writing(self) -> None:  # the client reads slower than the broker answers
+        if self.upstream is not None and self.upstream.transport is not None:
+            self.upstream.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.upstream is not None and self.upstream.transport is not None:
+            self.upstream.transport.resume_reading()
+
+    def connection_lost(self, exc) -> None:
+        if self._pending and not self._closed:
+            log.info("client %s disconnected with %d requests in flight", self.label, len(self._pending))
+        self._teardown()
+
+    # -- upstream side ----------------------------------------------------------------------
+
+    async def _connect_upstream(self) -> None:
+        cfg = self.server.config.upstream
+        loop = asyncio.get_running_loop()
+        for attempt in range(cfg.connect_attempts):
+            address = self.cluster.upstream_address(self.node_id, attempt)
+            try:
+                _, protocol = await asyncio.wait_for(
+                    loop.create_connection(lambda: UpstreamConnection(self), *address),
+                    cfg.connect_timeout_s,
+                )
+            except (OSError, asyncio.TimeoutError) as exc:
+                self.stats.upstream_connect_failures += 1
+                log.warning(
+                    "cannot reach broker %s:%s for %s (attempt %d/%d): %s",
+                    *address, self.label, attempt + 1, cfg.connect_attempts, exc or "timeout",
+                )
+                if self._closed:
+                    return
+                await asyncio.sleep(min(0.1 * 2**attempt, 2.0))
+                continue
+            if self._closed:
+                protocol.transport.close()
+                return
+            self.upstream = protocol
+            if self._unsent:
+                protocol.transport.writelines(self._unsent)
+                self._unsent = []
+            return
+        log.error("giving up on %s: no broker reachable after %d attempts", self.label, cfg.connect_attempts)
+        self._close()
+
+    def on_upstream_frame(self, frame) -> None:
+        if not self._awaiting_upstream:
+            self._upstream_failed(f"unsolicited response of {len(frame)} bytes")
+            return
+        entry = self._awaiting_upstream.popleft()
+        if not entry.raw:
+            corr = response_correlation_id(frame)
+            if corr != entry.correlation_id:
+                self._upstream_failed(f"correlation id {corr}, expected {entry.correlation_id}")
+                return
+            for f in self.chain.response.get(entry.api_key, ()):
+                frame = f.on_response(self, entry, frame)
+        self._complete(entry, frame)
+
+    def _complete(self, entry: InFlight, frame) -> None:
+        entry.response = frame
+        pending = self._pending
+        transport = self.transport
+        while pending and pending[0].response is not None:
+            done = pending.popleft()
+            data = done.response
+            done.response = None
+            self.stats.bytes_upstream_to_client += len(data) + 4
+            self.stats.responses[(done.api_key, done.api_version)] += 1
+            self.stats.latency[done.api_key].observe(time.monotonic() - done.received_at)
+            if transport is not None and not self._closed:
+                transport.writelines((_INT32.pack(len(data)), data))
+
+    def _upstream_failed(self, reason: str) -> None:
+        log.error("broker connection for %s failed: %s; closing client", self.label, reason)
+        self.stats.decode_failures += 1
+        self._close()
+
+    def on_upstream_lost(self, exc) -> None:
+        if self._closed:
+            return
+        if self._pending:
+            log.warning(
+                "broker closed the connection of %s with %d requests in flight%s",
+                self.label, len(self._pending), f": {exc}" if exc else "",
+            )
+        self._close()
+
+    # -- closing ----------------------------------------------------------------------------
+
+    def _reject(self, reason: str, detail: str) -> None:
+        self.stats.frames_rejected[reason] += 1
+        log.warning("closing %s (client_id=%s): %s", self.label, self.session.client_id, detail)
+        self._close()
+
+    def _close(self) -> None:
+        if self._closed:
+            return
+        if self.transport is not None:
+            self.transport.close()
+        self._teardown()
+
+    def _teardown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.stats.open_connections -= 1
+        if self.gate is not None:
+            self.gate.release()
+        self.server.connections.discard(self)
+        if self._connect_task is not None and not self._connect_task.done():
+            self._connect_task.cancel()
+        if self.upstream is not None and self.upstream.transport is not None:
+            self.upstream.transport.close()
+        self._pending.clear()
+        self._awaiting_upstream.clear()
+
+
+class UpstreamConnection(asyncio.Protocol):
+    """The broker side of one client connection: frames responses back to it."""
+
+    def __init__(self, client: ClientConnection) -> None:
+        self.client = client
+        self.transport: asyncio.Transport | None = None
+        # Responses are bounded by what the client asked for; the client limit applies too.
+        self._reader = FrameReader(2**31 - 1)
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        client = self.client
+        try:
+            frames = self._reader.feed(data)
+        except FrameError as exc:
+            client._upstream_failed(str(exc))
+            return
+        for frame in frames:
+            if client._closed:
+                return
+            try:
+                client.on_upstream_frame(frame)
+            except (DecodeError, ScanError, HeaderError) as exc:
+                client.stats.decode_failures += 1
+                client._upstream_failed(f"undecodable response: {exc}")
+                return
+            except Exception:
+                log.exception("response filter failed for %s; closing it", client.label)
+                client._close()
+                return
+
+    def pause_writing(self) -> None:  # the broker reads slower than the client sends
+        self.client.gate.pause("backpressure")
+
+    def resume_writing(self) -> None:
+        self.client.gate.resume("backpressure")
+
+    def connection_lost(self, exc) -> None:
+        self.client.on_upstream_lost(exc)

@@ -1,0 +1,57 @@
+"""ApiVersions: answer versions the proxy does not know, cap what clients may use."""
+
+from __future__ import annotations
+
+from protocol import rewrite
+from protocol.apis import SPECS, ApiKey
+from protocol.headers import encode_response_header, response_body_offset
+from protocol.messages import decode_response, encode_body
+
+from .base import Answer
+
+# APIs whose responses the proxy decodes: clients must not use a version it cannot parse.
+_DECODED = (
+    ApiKey.API_VERSIONS,
+    ApiKey.METADATA,
+    ApiKey.FIND_COORDINATOR,
+    ApiKey.DESCRIBE_CLUSTER,
+    ApiKey.PRODUCE,
+    ApiKey.FETCH,
+    ApiKey.SASL_HANDSHAKE,
+    ApiKey.SASL_AUTHENTICATE,
+)
+
+
+def default_caps() -> dict[int, int | None]:
+    caps: dict[int, int | None] = {key: SPECS[key].max_version for key in _DECODED}
+    # Share-group responses carry NodeEndpoints the proxy cannot decode (kafka-python has no
+    # schema for them), so they would leak broker addresses: hide them from clients.
+    caps[ApiKey.SHARE_FETCH] = None
+    caps[ApiKey.SHARE_ACKNOWLEDGE] = None
+    # DescribeQuorum v2 lists controller endpoints, which the proxy does not serve.
+    caps[ApiKey.DESCRIBE_QUORUM] = 1
+    return caps
+
+
+class ApiVersionsFilter:
+    api_keys = frozenset({ApiKey.API_VERSIONS})
+
+    def __init__(self, caps: dict[int, int | None] | None = None) -> None:
+        self.caps = default_caps() if caps is None else caps
+        self.max_version = SPECS[ApiKey.API_VERSIONS].max_version
+
+    def on_request(self, conn, header, frame):
+        if header.api_version > self.max_version:
+            # Kafka answers an unknown ApiVersions version itself with v0 + UNSUPPORTED_VERSION
+            # (ApiVersionsRequest.getErrorResponse), so the client retries at a known version.
+            body = encode_body(rewrite.unsupported_api_versions_response(self.max_version))
+            return Answer(encode_response_header(header.correlation_id, False) + body)
+        return None
+
+    def on_response(self, conn, entry, frame):
+        offset = response_body_offset(frame, entry.api_key, entry.api_version)
+        resp = decode_response(entry.api_key, entry.api_version, frame[offset:])
+        if resp.error_code != 0:
+            return frame
+        rewrite.cap_api_versions(resp, self.caps)
+        return bytes(frame[:offset]) + encode_body(resp)

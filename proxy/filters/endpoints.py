@@ -1,0 +1,33 @@
+"""Address rewriting: every broker address a client can see becomes a proxy address."""
+
+from __future__ import annotations
+
+from protocol import rewrite
+from protocol.apis import ApiKey
+from protocol.headers import response_body_offset
+from protocol.messages import decode_response, encode_body
+from protocol.scan import scan_fetch_response, scan_produce_response
+
+# First versions carrying KIP-951 NodeEndpoints in their tagged fields.
+_NODE_ENDPOINTS_SINCE = {ApiKey.PRODUCE: 10, ApiKey.FETCH: 16}
+_SCANNERS = {ApiKey.PRODUCE: scan_produce_response, ApiKey.FETCH: scan_fetch_response}
+
+
+class EndpointRewriteFilter:
+    """Rewrites Metadata, FindCoordinator, DescribeCluster, and Produce/Fetch NodeEndpoints."""
+
+    api_keys = frozenset(rewrite.ENDPOINT_REWRITERS)
+
+    def on_response(self, conn, entry, frame):
+        key, version = entry.api_key, entry.api_version
+        since = _NODE_ENDPOINTS_SINCE.get(key)
+        offset = response_body_offset(frame, key, version)
+        if since is not None:
+            if version < since:
+                return frame
+            # Hot path: walk the body without copying records; decode only if it has tags.
+            if not _SCANNERS[key](memoryview(frame)[offset:], version).has_top_level_tags:
+                return frame
+        resp = decode_response(key, version, memoryview(frame)[offset:])
+        rewrite.ENDPOINT_REWRITERS[key](resp, conn.cluster.advertise)
+        return bytes(frame[:offset]) + encode_body(resp)

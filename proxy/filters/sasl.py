@@ -1,0 +1,53 @@
+"""Principal detection from SASL passthrough (SaslHandshake + SaslAuthenticate)."""
+
+from __future__ import annotations
+
+import logging
+
+from protocol.apis import ApiKey
+from protocol.headers import response_body_offset
+from protocol.messages import decode_request, decode_response
+from proxy.principal import SaslError, principal_from_client_token, scram_exchange_complete
+
+log = logging.getLogger("proxy.sasl")
+
+
+class SaslFilter:
+    api_keys = frozenset({ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
+
+    def on_request(self, conn, header, frame):
+        req = decode_request(header.api_key, header.api_version, memoryview(frame)[header.body_offset :])
+        session = conn.session
+        if header.api_key == ApiKey.SASL_HANDSHAKE:
+            session.sasl_mechanism = req.mechanism
+            return None
+        mechanism = session.sasl_mechanism or ""
+        try:
+            claimed = principal_from_client_token(mechanism, bytes(req.auth_bytes))
+        except (SaslError, UnicodeDecodeError) as exc:
+            log.warning("cannot read principal from %s token on %s: %s", mechanism, conn.label, exc)
+            claimed = None
+        if claimed is not None:
+            session.claimed_principal = claimed
+        return None
+
+    def on_response(self, conn, entry, frame):
+        offset = response_body_offset(frame, entry.api_key, entry.api_version)
+        resp = decode_response(entry.api_key, entry.api_version, memoryview(frame)[offset:])
+        session = conn.session
+        if entry.api_key == ApiKey.SASL_HANDSHAKE:
+            if resp.error_code != 0:
+                session.sasl_mechanism = None
+            elif entry.api_version == 0:
+                # SaslHandshake v0: the SASL tokens that follow are raw frames, not requests.
+                conn.start_raw_sasl(session.sasl_mechanism)
+            return frame
+        if resp.error_code != 0:
+            session.claimed_principal = None
+            return frame
+        mechanism = session.sasl_mechanism or ""
+        done = not mechanism.startswith("SCRAM-") or scram_exchange_complete(bytes(resp.auth_bytes))
+        if done and session.claimed_principal is not None:
+            session.authenticate(session.claimed_principal)
+            log.info("authenticated %s as %s via %s", conn.label, session.principal, mechanism)
+        return frame

@@ -1,0 +1,97 @@
+"""The proxy process: listeners, filter chain, metadata refresh, metrics endpoint."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+
+from prometheus_client import CollectorRegistry
+
+from config.model import Config
+
+from .cluster import Cluster
+from .connection import ClientConnection
+from .filters import FilterChain
+from .filters.api_versions import ApiVersionsFilter
+from .filters.endpoints import EndpointRewriteFilter
+from .filters.sasl import SaslFilter
+from .http import MetricsEndpoint
+from .refresh import refresh_forever, refresh_once
+from .stats import ProxyStats, StatsCollector
+
+log = logging.getLogger("proxy.server")
+
+
+def default_chain() -> FilterChain:
+    api_versions = ApiVersionsFilter()
+    sasl = SaslFilter()
+    return FilterChain(
+        request_filters=[api_versions, sasl],
+        response_filters=[api_versions, EndpointRewriteFilter(), sasl],
+    )
+
+
+class ProxyServer:
+    def __init__(self, config: Config, registry: CollectorRegistry | None = None) -> None:
+        self.config = config
+        self.stats = ProxyStats()
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.registry.register(StatsCollector(self.stats))
+        self.chain = default_chain()
+        self.cluster = Cluster(config, self.stats, self._serve_node)
+        self.connections: set[ClientConnection] = set()
+        self._servers: list[asyncio.AbstractServer] = []
+        self._tasks: set[asyncio.Task] = set()
+        self.bootstrap_address: tuple[str, int] | None = None
+        self.metrics_address: tuple[str, int] | None = None
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        listen = self.config.listen
+        server = await loop.create_server(
+            lambda: ClientConnection(self, None), listen.host, listen.bootstrap_port,
+            reuse_address=True, backlog=1024,
+        )
+        self._servers.append(server)
+        self.bootstrap_address = server.sockets[0].getsockname()[:2]
+        log.info("bootstrap listener on %s:%d", *self.bootstrap_address)
+        if self.config.metrics.enabled:
+            endpoint = MetricsEndpoint(self.registry, self.health)
+            m = self.config.metrics
+            http = await asyncio.start_server(endpoint.handle, m.host, m.port, reuse_address=True)
+            self._servers.append(http)
+            self.metrics_address = http.sockets[0].getsockname()[:2]
+            log.info("metrics on http://%s:%d/metrics", *self.metrics_address)
+        up = self.config.upstream
+        if not await refresh_once(self.cluster, self.stats, up.connect_timeout_s):
+            log.warning("no bootstrap server answered yet; brokers will be learned when one does")
+        self._spawn(refresh_forever(self.cluster, self.stats, up.metadata_refresh_interval_s, up.connect_timeout_s))
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _serve_node(self, node_id: int, sock: socket.socket) -> None:
+        async def serve() -> None:
+            loop = asyncio.get_running_loop()
+            server = await loop.create_server(lambda: ClientConnection(self, node_id), sock=sock)
+            self._servers.append(server)
+
+        self._spawn(serve())
+
+    def health(self) -> tuple[bool, str]:
+        ok = bool(self._servers) and all(s.is_serving() for s in self._servers)
+        detail = f"{'ok' if ok else 'not serving'}; brokers known: {sorted(self.cluster.brokers)}"
+        return ok, detail
+
+    async def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        for server in self._servers:
+            server.close()
+        for conn in list(self.connections):
+            conn._close()
+        for server in self._servers:
+            await server.wait_closed()

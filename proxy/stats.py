@@ -1,0 +1,128 @@
+"""Proxy counters kept as plain Python numbers and exported at scrape time.
+
+The hot path only increments ints in dicts; a prometheus-client custom collector turns them
+into metric families when ``/metrics`` is read (no ``.labels()`` lookups per request).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections import defaultdict
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
+from prometheus_client.registry import Collector
+
+from protocol.apis import api_name
+
+LATENCY_BUCKETS_S = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)
+
+
+class LatencyHistogram:
+    __slots__ = ("counts", "sum_s")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(LATENCY_BUCKETS_S) + 1)
+        self.sum_s = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect_left(LATENCY_BUCKETS_S, seconds)] += 1
+        self.sum_s += seconds
+
+
+class ProxyStats:
+    """Everything the proxy counts. Mutated only from the event loop thread."""
+
+    def __init__(self) -> None:
+        self.requests: defaultdict[tuple[int, int], int] = defaultdict(int)
+        self.responses: defaultdict[tuple[int, int], int] = defaultdict(int)
+        self.latency: defaultdict[int, LatencyHistogram] = defaultdict(LatencyHistogram)
+        self.bytes_client_to_upstream = 0
+        self.bytes_upstream_to_client = 0
+        self.open_connections = 0
+        self.muted_connections = 0
+        self.decode_failures = 0
+        self.unknown_api_requests = 0
+        self.upstream_connect_failures = 0
+        self.frames_rejected: defaultdict[str, int] = defaultdict(int)
+        self.local_responses: defaultdict[int, int] = defaultdict(int)
+        self.broker_listeners = 0
+        self.metadata_refreshes: defaultdict[str, int] = defaultdict(int)
+
+
+class StatsCollector(Collector):
+    """Builds metric families from :class:`ProxyStats` at scrape time."""
+
+    def __init__(self, stats: ProxyStats) -> None:
+        self._stats = stats
+
+    def collect(self):
+        s = self._stats
+        req = CounterMetricFamily(
+            "kqp_requests", "Requests received from clients", labels=["api", "version"]
+        )
+        for (key, ver), n in sorted(s.requests.items()):
+            req.add_metric([api_name(key), str(ver)], n)
+        yield req
+        resp = CounterMetricFamily(
+            "kqp_responses", "Responses sent to clients", labels=["api", "version"]
+        )
+        for (key, ver), n in sorted(s.responses.items()):
+            resp.add_metric([api_name(key), str(ver)], n)
+        yield resp
+        local = CounterMetricFamily(
+            "kqp_local_responses", "Responses the proxy answered itself", labels=["api"]
+        )
+        for key, n in sorted(s.local_responses.items()):
+            local.add_metric([api_name(key)], n)
+        yield local
+        hist = HistogramMetricFamily(
+            "kqp_request_latency_seconds",
+            "Time from a request's arrival from the client to its response being written back",
+            labels=["api"],
+        )
+        for key, h in sorted(s.latency.items()):
+            cumulative, buckets = 0, []
+            for bound, n in zip((*LATENCY_BUCKETS_S, float("inf")), h.counts):
+                cumulative += n
+                buckets.append(("+Inf" if bound == float("inf") else repr(bound), cumulative))
+            hist.add_metric([api_name(key)], buckets, h.sum_s)
+        yield hist
+        b = CounterMetricFamily("kqp_bytes", "Bytes forwarded", labels=["direction"])
+        b.add_metric(["client_to_upstream"], s.bytes_client_to_upstream)
+        b.add_metric(["upstream_to_client"], s.bytes_upstream_to_client)
+        yield b
+        yield GaugeMetricFamily("kqp_open_connections", "Open client connections", value=s.open_connections)
+        yield GaugeMetricFamily(
+            "kqp_muted_connections", "Client connections muted for a throttle", value=s.muted_connections
+        )
+        yield GaugeMetricFamily("kqp_broker_listeners", "Per-broker listeners open", value=s.broker_listeners)
+        yield CounterMetricFamily(
+            "kqp_decode_failures", "Frames the proxy needed to read but could not decode",
+            value=s.decode_failures,
+        )
+        yield CounterMetricFamily(
+            "kqp_unknown_api_requests", "Requests for API keys the proxy cannot decode (forwarded)",
+            value=s.unknown_api_requests,
+        )
+        yield CounterMetricFamily(
+            "kqp_upstream_connect_failures", "Failed attempts to connect to a broker",
+            value=s.upstream_connect_failures,
+        )
+        rej = CounterMetricFamily(
+            "kqp_frames_rejected", "Client frames that closed their connection", labels=["reason"]
+        )
+        for reason, n in sorted(s.frames_rejected.items()):
+            rej.add_metric([reason], n)
+        yield rej
+        md = CounterMetricFamily(
+            "kqp_metadata_refreshes", "The proxy's own metadata refreshes", labels=["outcome"]
+        )
+        for outcome, n in sorted(s.metadata_refreshes.items()):
+            md.add_metric([outcome], n)
+        yield md
