@@ -11,7 +11,14 @@ _INT32 = Struct(">i")
 
 
 class FrameError(Exception):
-    """The byte stream cannot be framed; the connection it came from must be closed."""
+    """The byte stream cannot be framed; the connection it came from must be closed.
+
+    ``frames`` holds the complete frames that preceded the bad bytes in the same chunk.
+    """
+
+    def __init__(self, message: str, frames: list | None = None) -> None:
+        super().__init__(message)
+        self.frames = frames if frames is not None else []
 
 
 class FrameReader:
@@ -41,10 +48,18 @@ class FrameReader:
     def feed(self, data: bytes | bytearray | memoryview) -> list[memoryview | bytearray]:
         """Consumes ``data``; returns the frames it completed, in order.
 
-        Raises :class:`FrameError` for a negative size or one above ``max_frame_bytes``.
+        Raises :class:`FrameError` for a negative size or one above ``max_frame_bytes``; the
+        frames completed before the bad size are on the exception.
         """
         frames: list[memoryview | bytearray] = []
-        view = memoryview(data)
+        try:
+            self._feed(memoryview(data), frames)
+        except FrameError as exc:
+            exc.frames = frames
+            raise
+        return frames
+
+    def _feed(self, view: memoryview, frames: list) -> None:
         pos = 0
         end = len(view)
         if self._partial is not None:
@@ -54,14 +69,14 @@ class FrameReader:
             self._need -= take
             pos = take
             if self._need:
-                return frames
+                return
             frames.append(self._partial)
             self._partial = None
         if self._size_prefix:
             missing = 4 - len(self._size_prefix)
             if end - pos < missing:
                 self._size_prefix += bytes(view[pos:end])
-                return frames
+                return
             prefix = self._size_prefix + bytes(view[pos : pos + missing])
             self._size_prefix = b""
             pos += missing
@@ -82,7 +97,6 @@ class FrameReader:
                 pos += size
             else:
                 pos = self._start_partial(view, pos, end, size)
-        return frames
 
     def _check(self, size: int) -> int:
         if size < 0:

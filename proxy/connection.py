@@ -108,6 +108,7 @@ class ClientConnection(asyncio.Protocol):
         self._unsent: list = []  # frames for upstream before it is connected
         self._closed = False
         self._raw_sasl_frames = 0
+        self._close_when_drained = False
         self.gate: ReadGate | None = None
         self._connect_task: asyncio.Task | None = None
 
@@ -124,11 +125,11 @@ class ClientConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.stats.bytes_client_to_upstream += len(data)
+        bad_frame: FrameError | None = None
         try:
             frames = self._reader.feed(data)
         except FrameError as exc:
-            self._reject("bad_frame", str(exc))
-            return
+            frames, bad_frame = exc.frames, exc
         out: list = []
         for frame in frames:
             if self._closed:
@@ -151,6 +152,8 @@ class ClientConnection(asyncio.Protocol):
                 return
         if out:
             self._send_upstream(out)
+        if bad_frame is not None:
+            self._reject("bad_frame", str(bad_frame), drain=True)
 
     def _on_request(self, frame, out: list) -> None:
         header = parse_request_header(frame)
@@ -282,6 +285,8 @@ class ClientConnection(asyncio.Protocol):
             self.stats.latency[done.api_key].observe(time.monotonic() - done.received_at)
             if transport is not None and not self._closed:
                 transport.writelines((_INT32.pack(len(data)), data))
+        if self._close_when_drained and not pending:
+            self._close()
 
     def _upstream_failed(self, reason: str) -> None:
         log.error("broker connection for %s failed: %s; closing client", self.label, reason)
@@ -300,9 +305,14 @@ class ClientConnection(asyncio.Protocol):
 
     # -- closing ----------------------------------------------------------------------------
 
-    def _reject(self, reason: str, detail: str) -> None:
+    def _reject(self, reason: str, detail: str, drain: bool = False) -> None:
+        """Closes this connection; with ``drain``, only after the responses owed are sent."""
         self.stats.frames_rejected[reason] += 1
         log.warning("closing %s (client_id=%s): %s", self.label, self.session.client_id, detail)
+        if drain and self._pending:
+            self._close_when_drained = True
+            self.gate.pause("closing")
+            return
         self._close()
 
     def _close(self) -> None:

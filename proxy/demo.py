@@ -1,0 +1,100 @@
+"""``kafka-quota-proxy demo``: a local broker with the proxy in front, used for real.
+
+Starts Tansu on loopback, the proxy in front of it, creates a topic through the proxy,
+produces and consumes records with kafka-python, prints what happened and where to look,
+and keeps both running until Ctrl-C (or ``--duration``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+import urllib.request
+
+from config import parse_config
+
+from .local_broker import LocalTansu
+from .server import ProxyServer
+
+TOPIC = "demo-events"
+RECORDS = 5_000
+
+
+def _client_round(bootstrap: str) -> dict:
+    from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+    from kafka.admin import NewTopic
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="demo-admin")
+    admin.create_topics([NewTopic(TOPIC, num_partitions=3, replication_factor=1)])
+    start = time.monotonic()
+    producer = KafkaProducer(bootstrap_servers=bootstrap, client_id="demo-producer", linger_ms=5)
+    for i in range(RECORDS):
+        producer.send(TOPIC, key=str(i % 10).encode(), value=f"event {i}".encode())
+    producer.flush()
+    produced_s = time.monotonic() - start
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap, client_id="demo-consumer",
+        auto_offset_reset="earliest", consumer_timeout_ms=3000,
+    )
+    consumer.assign([TopicPartition(TOPIC, p) for p in range(3)])
+    consumed = 0
+    for _ in consumer:
+        consumed += 1
+        if consumed == RECORDS:
+            break
+    consumer.close()
+    producer.close()
+    admin.close()
+    return {"produced": RECORDS, "produce_s": produced_s, "consumed": consumed}
+
+
+def _metric_lines(url: str, prefixes: tuple[str, ...]) -> list[str]:
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        text = resp.read().decode()
+    return [line for line in text.splitlines() if line.startswith(prefixes)]
+
+
+async def run_demo(duration_s: float | None) -> int:
+    broker = await asyncio.to_thread(LocalTansu().start)
+    print(f"Tansu broker (pid {broker.pid}) on {broker.bootstrap}")
+    config = parse_config({
+        "upstream": {"bootstrap_servers": [broker.bootstrap]},
+        "listen": {"bootstrap_port": 0, "broker_port_base": 0},
+        "metrics": {"port": 0},
+    })
+    server = ProxyServer(config)
+    try:
+        await server.start()
+        bootstrap = "%s:%d" % server.bootstrap_address
+        metrics_url = "http://%s:%d/metrics" % server.metrics_address
+        print(f"kafka-quota-proxy on {bootstrap}  (broker ports: {server.cluster.node_ports})")
+        result = await asyncio.to_thread(_client_round, bootstrap)
+        print(
+            f"through the proxy: created topic {TOPIC!r}, produced {result['produced']} records "
+            f"in {result['produce_s']:.2f} s, consumed {result['consumed']} back"
+        )
+        lines = await asyncio.to_thread(
+            _metric_lines, metrics_url, ("kqp_requests_total", "kqp_bytes_total")
+        )
+        print("proxy metrics after the round:")
+        for line in lines:
+            print("   ", line)
+        print(f"\nPoint any Kafka client at {bootstrap}. Metrics: {metrics_url}  Health: "
+              f"{metrics_url.replace('/metrics', '/healthz')}")
+        await _wait(duration_s)
+        return 0 if result["consumed"] == RECORDS else 1
+    finally:
+        await server.stop()
+        broker.stop()
+
+
+async def _wait(duration_s: float | None) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    print("Running" + (f" for {duration_s:g} s" if duration_s else " until Ctrl-C") + ".")
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(stop.wait(), duration_s)
