@@ -23,8 +23,14 @@ def echo_correlation(frame: bytes) -> bytes:
 
 
 class RawBroker:
-    def __init__(self, script: Script = echo_correlation, close_after_answer: bool = False) -> None:
-        self.script = script
+    def __init__(
+        self,
+        script: Script = echo_correlation,
+        close_after_answer: bool = False,
+        script_factory: Callable[[], Script] | None = None,
+    ) -> None:
+        # A script_factory makes one script per connection, for stateful exchanges.
+        self.script_factory = script_factory or (lambda: script)
         self.close_after_answer = close_after_answer
         self.frames: list[bytes] = []
         self.connections = 0
@@ -62,6 +68,7 @@ class RawBroker:
             self._threads.append(t)
 
     def _serve(self, conn: socket.socket) -> None:
+        script = self.script_factory()
         with conn:
             while True:
                 head = _recv_exact(conn, 4)
@@ -72,7 +79,7 @@ class RawBroker:
                 if frame is None:
                     break
                 self.frames.append(frame)
-                answer = self.script(frame)
+                answer = script(frame)
                 if answer is not None:
                     conn.sendall(answer)
                     if self.close_after_answer:

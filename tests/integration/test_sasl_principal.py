@@ -1,0 +1,103 @@
+"""Principals from SASL passthrough, with real clients against a scripted SASL broker."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+
+import pytest
+from kafka import KafkaAdminClient
+from kafka.net.sasl.oauth import AbstractTokenProvider
+
+from tests.support.inproc import InProcessProxy
+from tests.support.raw_broker import RawBroker
+from tests.support.sasl_broker import SaslScript
+
+pytestmark = pytest.mark.integration
+
+USERS = {"alice": "alice-secret", "bob": "bob-secret"}
+
+
+@pytest.fixture
+def sasl_proxy():
+    holder = {}
+    broker = RawBroker(script_factory=lambda: SaslScript(USERS, node_id=1, port=holder["port"]))
+    holder["port"] = broker.port
+    with broker, InProcessProxy([broker.bootstrap]) as proxy:
+        yield proxy
+
+
+def _sessions(proxy) -> list[tuple[str | None, str, bool]]:
+    return proxy.run(
+        lambda: [(c.session.client_id, c.session.principal, c.session.authenticated) for c in proxy.server.connections]
+    )
+
+
+def _wait_for(proxy, predicate, timeout_s: float = 5.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        sessions = _sessions(proxy)
+        if predicate(sessions):
+            return sessions
+        time.sleep(0.02)
+    raise AssertionError(f"sessions never matched: {_sessions(proxy)}")
+
+
+class _Token(AbstractTokenProvider):
+    def token(self):
+        claims = base64.urlsafe_b64encode(json.dumps({"sub": "carol", "iat": 0}).encode()).decode().rstrip("=")
+        return f"eyJhbGciOiJub25lIn0.{claims}."
+
+
+@pytest.mark.parametrize(
+    "mechanism, extra, principal",
+    [
+        ("PLAIN", {"sasl_plain_username": "alice", "sasl_plain_password": "alice-secret"}, "alice"),
+        ("SCRAM-SHA-256", {"sasl_plain_username": "bob", "sasl_plain_password": "bob-secret"}, "bob"),
+        ("SCRAM-SHA-512", {"sasl_plain_username": "alice", "sasl_plain_password": "alice-secret"}, "alice"),
+        ("OAUTHBEARER", {"sasl_oauth_token_provider": _Token()}, "carol"),
+    ],
+)
+def test_kafka_python_principal_believed_after_broker_success(sasl_proxy, mechanism, extra, principal):
+    admin = KafkaAdminClient(
+        bootstrap_servers=sasl_proxy.bootstrap, client_id=f"cid-{mechanism}",
+        security_protocol="SASL_PLAINTEXT", sasl_mechanism=mechanism, **extra,
+    )
+    try:
+        admin.list_topics()
+        sessions = _wait_for(sasl_proxy, lambda ss: any(s[2] for s in ss))
+        assert {(cid, p) for cid, p, auth in sessions if auth} == {(f"cid-{mechanism}", principal)}
+    finally:
+        admin.close()
+
+
+def test_failed_authentication_leaves_anonymous(sasl_proxy):
+    with pytest.raises(Exception):
+        KafkaAdminClient(
+            bootstrap_servers=sasl_proxy.bootstrap, client_id="intruder",
+            security_protocol="SASL_PLAINTEXT", sasl_mechanism="SCRAM-SHA-256",
+            sasl_plain_username="alice", sasl_plain_password="wrong", request_timeout_ms=3000,
+            api_version_auto_timeout_ms=3000,
+        )
+    for _cid, principal, authenticated in _sessions(sasl_proxy):
+        assert principal == "ANONYMOUS" and not authenticated
+
+
+def test_confluent_kafka_plain_principal(sasl_proxy):
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({
+        "bootstrap.servers": sasl_proxy.bootstrap, "client.id": "rdkafka-alice",
+        "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
+        "sasl.username": "alice", "sasl.password": "alice-secret",
+    })
+    admin.list_topics(timeout=10)
+    sessions = _wait_for(sasl_proxy, lambda ss: any(s[2] for s in ss))
+    assert {(cid, p) for cid, p, auth in sessions if auth} == {("rdkafka-alice", "alice")}
+
+
+def test_no_sasl_is_anonymous(sasl_proxy):
+    from tests.support.wire import api_versions
+
+    assert api_versions(sasl_proxy.address).error_code == 0
