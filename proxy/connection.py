@@ -24,7 +24,7 @@ from protocol.scan import ScanError
 
 from .filters.base import Answer, Close, Forward
 from .flow import ReadGate
-from .principal import ANONYMOUS
+from .principal import ANONYMOUS, SaslError, principal_from_client_token, scram_exchange_complete
 
 if TYPE_CHECKING:
     from .server import ProxyServer
@@ -189,6 +189,12 @@ class ClientConnection(asyncio.Protocol):
         out.append(frame)
 
     def _forward_raw_sasl(self, frame, out: list) -> None:
+        session = self.session
+        if session.claimed_principal is None:
+            try:
+                session.claimed_principal = principal_from_client_token(session.sasl_mechanism or "", bytes(frame))
+            except (SaslError, UnicodeDecodeError) as exc:
+                log.warning("cannot read principal from raw SASL token on %s: %s", self.label, exc)
         entry = InFlight(-1, ApiKey.SASL_AUTHENTICATE, -1, time.monotonic())
         entry.raw = True
         self._pending.append(entry)
@@ -196,6 +202,18 @@ class ClientConnection(asyncio.Protocol):
         self._raw_sasl_frames -= 1
         out.append(_INT32.pack(len(frame)))
         out.append(frame)
+
+    def _on_raw_sasl_response(self, frame) -> None:
+        # SaslHandshake v0 has no error field for the tokens: a broker that rejects closes.
+        session = self.session
+        if any(e.raw for e in self._awaiting_upstream) or self._raw_sasl_frames:
+            return
+        mechanism = session.sasl_mechanism or ""
+        if mechanism.startswith("SCRAM-") and not scram_exchange_complete(bytes(frame)):
+            return
+        if session.claimed_principal is not None:
+            session.authenticate(session.claimed_principal)
+            log.info("authenticated %s as %s via %s (SaslHandshake v0)", self.label, session.principal, mechanism)
 
     def start_raw_sasl(self, mechanism: str | None) -> None:
         """SaslHandshake v0 succeeded: the next client frames are raw SASL tokens."""
@@ -263,7 +281,9 @@ class ClientConnection(asyncio.Protocol):
             self._upstream_failed(f"unsolicited response of {len(frame)} bytes")
             return
         entry = self._awaiting_upstream.popleft()
-        if not entry.raw:
+        if entry.raw:
+            self._on_raw_sasl_response(frame)
+        else:
             corr = response_correlation_id(frame)
             if corr != entry.correlation_id:
                 self._upstream_failed(f"correlation id {corr}, expected {entry.correlation_id}")

@@ -101,3 +101,32 @@ def test_no_sasl_is_anonymous(sasl_proxy):
     from tests.support.wire import api_versions
 
     assert api_versions(sasl_proxy.address).error_code == 0
+
+
+def test_sasl_handshake_v0_raw_plain_token():
+    """SaslHandshake v0: the token that follows is a raw frame, not a Kafka request."""
+    import socket
+    import struct
+
+    from kafka.protocol.sasl import SaslHandshakeRequest, SaslHandshakeResponse
+
+    from tests.support.wire import read_frame, request_bytes
+
+    def script(frame: bytes) -> bytes | None:
+        if frame[:2] == b"\x00\x11":  # SaslHandshake v0
+            body = SaslHandshakeResponse[0](error_code=0, mechanisms=["PLAIN"]).encode()
+            payload = frame[4:8] + bytes(body)
+        elif frame == b"\x00dave\x00pw":  # the raw PLAIN token: success is an empty frame
+            payload = b""
+        else:  # the proxy's own metadata refresh: this broker does not answer it
+            return None
+        return struct.pack(">i", len(payload)) + payload
+
+    with RawBroker(script) as broker, InProcessProxy([broker.bootstrap]) as proxy:
+        with socket.create_connection(proxy.address) as s:
+            s.sendall(request_bytes(SaslHandshakeRequest[0](mechanism="PLAIN"), 1))
+            assert read_frame(s)[:4] == struct.pack(">i", 1)
+            s.sendall(struct.pack(">i", 8) + b"\x00dave\x00pw")
+            assert read_frame(s) == b""
+            sessions = _wait_for(proxy, lambda ss: any(x[2] for x in ss))
+            assert [p for _c, p, auth in sessions if auth] == ["dave"]
