@@ -10,7 +10,7 @@ import time
 import pytest
 
 from protocol import errors
-from proxy.local_broker import LocalTansu
+from tests.support.tansu import TansuBroker as LocalTansu
 from tests.support.inproc import InProcessProxy
 from tests.support.raw_broker import RawBroker
 from tests.support.wire import api_versions, is_closed, read_frame, request_bytes

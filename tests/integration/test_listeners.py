@@ -8,7 +8,7 @@ import struct
 import pytest
 from kafka.protocol.metadata import MetadataRequest, MetadataResponse
 
-from proxy.local_broker import LocalTansu
+from tests.support.tansu import TansuBroker as LocalTansu
 from tests.support.inproc import InProcessProxy
 from tests.support.wire import api_versions, read_frame, request_bytes
 
