@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -133,8 +134,8 @@ def _int(m: dict, key: str, path: str, default: int, lo: int, hi: int) -> int:
 
 def _number(m: dict, key: str, path: str, default: float, lo: float) -> float:
     v = m.get(key, default)
-    if not isinstance(v, (int, float)) or isinstance(v, bool) or v < lo:
-        raise ConfigError(f"{path}.{key}", f"must be a number >= {lo}, got {v!r}")
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < lo:
+        raise ConfigError(f"{path}.{key}", f"must be a finite number >= {lo}, got {v!r}")
     return float(v)
 
 

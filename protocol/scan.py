@@ -67,9 +67,9 @@ def scan_produce_response(body, version: int) -> ResponseScan:
         throttle_offset = pos
         pos += 4
         return ResponseScan(throttle_offset, frozenset(errors), _has_tags(body, pos))
-    except (HeaderError, IndexError) as exc:
-        raise ScanError(f"malformed ProduceResponse v{version}: {exc}") from exc
-    except Exception as exc:  # struct.error on a short body
+    except ScanError:
+        raise
+    except Exception as exc:  # HeaderError, IndexError or struct.error on a short body
         raise ScanError(f"malformed ProduceResponse v{version}: {exc}") from exc
 
 
@@ -105,9 +105,11 @@ def scan_fetch_response(body, version: int) -> ResponseScan:
 
 
 def _has_tags(body, pos: int) -> bool:
+    """Walks the top-level tagged fields, which must end the body exactly."""
     if pos >= len(body):
         raise ScanError("body ends before its tagged fields")
-    count, end = read_uvarint(body, pos)
-    if count == 0 and end != len(body):
-        raise ScanError(f"{len(body) - end} bytes after the end of the body")
+    count, _ = read_uvarint(body, pos)
+    end = skip_tagged_fields(body, pos)
+    if end != len(body):
+        raise ScanError(f"tagged fields end at {end}, body has {len(body)} bytes")
     return count > 0

@@ -58,7 +58,9 @@ def api_versions_response(v):
         throttle_time_ms=17,
         supported_features=[make(R.SupportedFeatureKey, v, name="metadata.version", min_version=1, max_version=25)],
         finalized_features_epoch=99,
-        finalized_features=[make(R.FinalizedFeatureKey, v, name="metadata.version", max_version_level=25, min_version_level=1)],
+        finalized_features=[
+            make(R.FinalizedFeatureKey, v, name="metadata.version", max_version_level=25, min_version_level=1)
+        ],
         zk_migration_ready=True,
     )
 
@@ -134,15 +136,21 @@ def find_coordinator_response(v):
         host="b2.internal",
         port=9093,
         coordinators=[
-            make(R.Coordinator, v, key="group-a", node_id=2, host="b2.internal", port=9093, error_code=0, error_message=None),
-            make(R.Coordinator, v, key="group-b", node_id=-1, host="", port=-1, error_code=15, error_message="not available"),
+            make(R.Coordinator, v, key="group-a", node_id=2, host="b2.internal", port=9093, error_code=0,
+                 error_message=None),
+            make(R.Coordinator, v, key="group-b", node_id=-1, host="", port=-1, error_code=15,
+                 error_message="not available"),
         ],
     )
 
 
 def describe_cluster_request(v):
     return make(
-        DescribeClusterRequest, v, include_cluster_authorized_operations=True, endpoint_type=1, include_fenced_brokers=True
+        DescribeClusterRequest,
+        v,
+        include_cluster_authorized_operations=True,
+        endpoint_type=1,
+        include_fenced_brokers=True,
     )
 
 
@@ -158,7 +166,8 @@ def describe_cluster_response(v):
         cluster_id="cluster-xyz",
         controller_id=1,
         brokers=[
-            make(R.DescribeClusterBroker, v, broker_id=1, host="b1.internal", port=9092, rack="rack-a", is_fenced=False),
+            make(R.DescribeClusterBroker, v, broker_id=1, host="b1.internal", port=9092, rack="rack-a",
+                 is_fenced=False),
             make(R.DescribeClusterBroker, v, broker_id=3, host="b3.internal", port=9094, rack=None, is_fenced=True),
         ],
         authorized_operations={2, 3, 31},
@@ -189,7 +198,9 @@ def produce_response(v):
                         base_offset=-1,
                         log_append_time_ms=-1,
                         log_start_offset=-1,
-                        record_errors=[make(P.BatchIndexAndErrorMessage, v, batch_index=3, batch_index_error_message="bad")],
+                        record_errors=[
+                            make(P.BatchIndexAndErrorMessage, v, batch_index=3, batch_index_error_message="bad")
+                        ],
                         error_message="moved",
                         current_leader=make(P.LeaderIdAndEpoch, v, leader_id=2, leader_epoch=8),
                     ),
@@ -266,7 +277,12 @@ def sasl_authenticate_request(v):
 
 def sasl_authenticate_response(v):
     return make(
-        SaslAuthenticateResponse, v, error_code=0, error_message=None, auth_bytes=b"v=signature", session_lifetime_ms=3_600_000
+        SaslAuthenticateResponse,
+        v,
+        error_code=0,
+        error_message=None,
+        auth_bytes=b"v=signature",
+        session_lifetime_ms=3_600_000,
     )
 
 

@@ -1,0 +1,354 @@
+"""QuotaManager: (user, client id, kind, amount, now) → admit / reject with a throttle in ms.
+
+Pure and single-threaded: time is an argument, nothing reads a clock or starts a timer; the
+caller (``proxy/``) calls :meth:`QuotaManager.expire` now and then.
+
+Kinds:
+
+* ``producer_byte_rate``, ``consumer_byte_rate``, ``request_rate`` — a windowed rate per entity
+  (``quota_window_num`` × ``quota_window_size_s``), recorded then checked.
+* ``controller_mutation_rate`` — a KIP-599 token bucket per entity
+  (``controller_quota_window_num`` × ``controller_quota_window_size_s``): :meth:`try_admit` for
+  strict requests (error 89), :meth:`check_and_record` for permissive (old) versions.
+* ``producer_ids_rate`` — resolved user-level only (:meth:`resolve`); its engine comes later.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import NamedTuple
+
+from quotas.common import (
+    ADMIT,
+    MAX_THROTTLE_MS,
+    RATE_KINDS,
+    REQUEST_RATE,
+    TOKEN_BUCKET_KINDS,
+    USER_LEVEL_ONLY_KINDS,
+    Decision,
+)
+from quotas.entities import (
+    DEFAULT_IDLE_MS,
+    DEFAULT_MAX_ENTITIES,
+    EntityResolver,
+    EntityTable,
+    QuotaRule,
+    ResolvedQuota,
+)
+from quotas.rate import WindowedRate
+from quotas.token_bucket import TokenBucket
+
+
+class EntityStats(NamedTuple):
+    """One live entity's state for a scrape. Labels are "" when not part of the entity."""
+
+    kind: str
+    user: str
+    client_id: str
+    quota: float
+    rate: float  # per second, over the quota window
+    tokens: float | None  # token-bucket kinds only
+    throttle_ms: int  # what is left of the last throttle at the scrape instant
+    last_throttle_ms: int  # the last throttle (or rejection) handed out, 0 if none yet
+
+
+class KindCounters(NamedTuple):
+    kind: str
+    throttled: int  # admitted with a throttle
+    rejected: int  # strict rejections (THROTTLING_QUOTA_EXCEEDED)
+
+
+class _State:
+    __slots__ = (
+        "resolved",
+        "quota",
+        "rate",
+        "last_used_ms",
+        "last_throttle_ms",
+        "last_throttle_at_ms",
+    )
+
+    def __init__(self, resolved: ResolvedQuota, rate: WindowedRate, now_ms: int) -> None:
+        self.resolved = resolved
+        self.quota = resolved.quota
+        self.rate = rate
+        self.last_used_ms = now_ms
+        self.last_throttle_ms = 0
+        self.last_throttle_at_ms = now_ms
+
+    def set_quota(self, resolved: ResolvedQuota) -> None:
+        self.resolved = resolved
+        self.quota = resolved.quota
+
+    def remaining_throttle_ms_at(self, now_ms: int) -> int:
+        # AbstractControllerMutationQuota.throttleTime: the last throttle minus the time since.
+        elapsed_ms = now_ms - self.last_throttle_at_ms
+        left = self.last_throttle_ms - (elapsed_ms if elapsed_ms > 0 else 0)
+        return left if left > 0 else 0
+
+    def stats_at(self, now_ms: int) -> EntityStats:
+        r = self.resolved
+        return EntityStats(
+            r.kind,
+            r.user or "",
+            r.client_id or "",
+            self.quota,
+            self.rate.rate_at(now_ms),
+            self.tokens_at(now_ms),
+            self.remaining_throttle_ms_at(now_ms),
+            self.last_throttle_ms,
+        )
+
+    def tokens_at(self, now_ms: int) -> float | None:
+        return None
+
+    def record_and_throttle_at(self, amount: float, now_ms: int) -> int:
+        raise NotImplementedError
+
+    def unrecord_at(self, amount: float, now_ms: int) -> None:
+        raise NotImplementedError
+
+
+class _RateState(_State):
+    __slots__ = ("max_throttle_ms",)
+
+    def __init__(
+        self, resolved: ResolvedQuota, rate: WindowedRate, now_ms: int, max_throttle_ms: int
+    ) -> None:
+        super().__init__(resolved, rate, now_ms)
+        self.max_throttle_ms = max_throttle_ms
+
+    def record_and_throttle_at(self, amount: float, now_ms: int) -> int:
+        return self.rate.record_and_throttle_at(amount, self.quota, now_ms, self.max_throttle_ms)
+
+    def unrecord_at(self, amount: float, now_ms: int) -> None:
+        self.rate.unrecord_at(amount, now_ms)
+
+
+class _BucketState(_State):
+    __slots__ = ("bucket",)
+
+    def __init__(self, resolved: ResolvedQuota, rate: WindowedRate, bucket: TokenBucket, now_ms: int) -> None:
+        super().__init__(resolved, rate, now_ms)
+        self.bucket = bucket
+
+    def set_quota(self, resolved: ResolvedQuota) -> None:
+        super().set_quota(resolved)
+        self.bucket.set_rate(resolved.quota)
+
+    def tokens_at(self, now_ms: int) -> float | None:
+        return self.bucket.tokens_at(now_ms)
+
+    def record_and_throttle_at(self, amount: float, now_ms: int) -> int:
+        self.rate.record_at(amount, now_ms)
+        return self.bucket.record_and_throttle_at(amount, now_ms).throttle_ms
+
+    def unrecord_at(self, amount: float, now_ms: int) -> None:
+        self.rate.unrecord_at(amount, now_ms)
+        self.bucket.record_at(-amount, now_ms)
+
+
+_MISS = object()  # not in the resolution cache (None there means: no rule applies)
+
+
+class QuotaManager:
+    """Quota decisions for every kind, with per-entity state.
+
+    ``idle_ms``: entity state unused this long is dropped by :meth:`expire` (Kafka: one hour).
+    ``max_entities``: hard cap on live entity states (all kinds together).
+    ``max_cached_resolutions``: bound on the (kind, user, client id) resolution cache.
+    """
+
+    def __init__(
+        self,
+        rules: Iterable[QuotaRule] = (),
+        *,
+        quota_window_num: int = 11,
+        quota_window_size_s: float = 1,
+        controller_quota_window_num: int = 11,
+        controller_quota_window_size_s: float = 1,
+        idle_ms: int = DEFAULT_IDLE_MS,
+        max_entities: int = DEFAULT_MAX_ENTITIES,
+        max_cached_resolutions: int | None = None,
+    ) -> None:
+        self.quota_window_num = quota_window_num
+        self.quota_window_size_ms = _window_ms(quota_window_size_s)
+        self.controller_quota_window_num = controller_quota_window_num
+        self.controller_quota_window_size_ms = _window_ms(controller_quota_window_size_s)
+        if quota_window_num < 1 or controller_quota_window_num < 1:
+            raise ValueError("window counts must be at least 1")
+        # ClientRequestQuotaManager: request throttles are capped at one quota window.
+        self.request_max_throttle_ms = self.quota_window_size_ms
+        self._table = EntityTable(idle_ms, max_entities)
+        self._cache: dict[tuple[str, str, str], _State | None] = {}
+        self._cache_max = max_cached_resolutions or 4 * max_entities
+        self._resolver = EntityResolver(rules)
+        self._throttled = dict.fromkeys(RATE_KINDS | TOKEN_BUCKET_KINDS, 0)
+        self._rejected = dict.fromkeys(TOKEN_BUCKET_KINDS, 0)
+
+    # -- rules ------------------------------------------------------------------------------
+
+    @property
+    def rules(self) -> tuple[QuotaRule, ...]:
+        return self._resolver.rules
+
+    def replace_rules(self, rules: Iterable[QuotaRule]) -> None:
+        """New rules (SIGHUP reload). An entity that still has a quota keeps its state (rate
+        samples, tokens) under the new bound, as Kafka updates a live sensor's MetricConfig;
+        entities that no longer have one are dropped. Raises ValueError, keeping the old rules."""
+        resolver = EntityResolver(rules)
+        self._resolver = resolver
+        self._cache.clear()
+        for key, state in self._table.items():
+            kind, user, client_id = key
+            resolved = resolver.resolve_entity(kind, user, client_id)
+            if resolved is None or resolved.key != key:
+                self._table.remove(key)
+            else:
+                state.set_quota(resolved)
+
+    def resolve(self, user: str, client_id: str, kind: str) -> ResolvedQuota | None:
+        """The rule that applies, or None. User-level only for ``producer_ids_rate``."""
+        return self._resolver.resolve(kind, user or "", client_id or "")
+
+    # -- decisions --------------------------------------------------------------------------
+
+    def check_and_record(self, user: str, client_id: str, kind: str, amount: float, now_ms: int) -> Decision:
+        """Records ``amount`` and answers with the throttle it earns.
+
+        Rate kinds: Sensor.record(checkQuotas=true) — always admitted, throttled while the rate
+        is above the bound. ``controller_mutation_rate``: the permissive mode of old request
+        versions — always admitted, throttled while the bucket is in debt.
+        """
+        state = self._cache.get((kind, user, client_id), _MISS)
+        if state is _MISS:
+            state = self._state_for(user, client_id, kind, now_ms)
+        if state is None:
+            return ADMIT
+        assert isinstance(state, _State)
+        if now_ms > state.last_used_ms:
+            state.last_used_ms = now_ms
+        throttle_ms = state.record_and_throttle_at(amount, now_ms)
+        if throttle_ms:
+            state.last_throttle_ms = throttle_ms
+            state.last_throttle_at_ms = now_ms
+            self._throttled[kind] += 1
+            return Decision(True, throttle_ms)
+        return ADMIT
+
+    def record(self, user: str, client_id: str, kind: str, amount: float, now_ms: int) -> Decision:
+        """Permissive token-bucket mode (older CreateTopics / CreatePartitions / DeleteTopics):
+        always admitted, throttled with −K/Q while in debt. The same as :meth:`check_and_record`."""
+        if kind not in TOKEN_BUCKET_KINDS:
+            raise ValueError(f"record is for token-bucket kinds, not {kind!r}")
+        return self.check_and_record(user, client_id, kind, amount, now_ms)
+
+    def try_admit(self, user: str, client_id: str, kind: str, amount: float, now_ms: int) -> Decision:
+        """Strict token-bucket admission (CreateTopics v6+, CreatePartitions v3+, DeleteTopics v5+).
+
+        Admitted (throttle 0) while tokens ≥ 0, even if this drives them negative; otherwise
+        rejected with throttle −K/Q. Call once per topic, with that topic's partition count.
+        """
+        if kind not in TOKEN_BUCKET_KINDS:
+            raise ValueError(f"try_admit is for token-bucket kinds, not {kind!r}")
+        state = self._cache.get((kind, user, client_id), _MISS)
+        if state is _MISS:
+            state = self._state_for(user, client_id, kind, now_ms)
+        if state is None:
+            return ADMIT
+        assert isinstance(state, _BucketState)
+        if now_ms > state.last_used_ms:
+            state.last_used_ms = now_ms
+        decision = state.bucket.try_admit_at(amount, now_ms)
+        if decision.admitted:
+            # Strict mode records the Rate only for what it admits (checkQuotas, then record).
+            state.rate.record_at(amount, now_ms)
+        else:
+            state.last_throttle_ms = decision.throttle_ms
+            state.last_throttle_at_ms = now_ms
+            self._rejected[kind] += 1
+        return decision
+
+    def unrecord(self, user: str, client_id: str, kind: str, amount: float, now_ms: int) -> None:
+        """Takes back ``amount`` recorded before: a throttled Fetch is answered empty and its
+        bytes are un-recorded (ClientQuotaManager.unrecordQuotaSensor)."""
+        state = self._cache.get((kind, user, client_id), _MISS)
+        if state is _MISS:
+            state = self._state_for(user, client_id, kind, now_ms)
+        if state is None:
+            return
+        assert isinstance(state, _State)
+        if now_ms > state.last_used_ms:
+            state.last_used_ms = now_ms
+        state.unrecord_at(amount, now_ms)
+
+    def _state_for(self, user: str, client_id: str, kind: str, now_ms: int) -> _State | None:
+        """Cache miss: resolve the rule, find or create the entity's state, cache it."""
+        if kind in USER_LEVEL_ONLY_KINDS or kind not in self._throttled:
+            raise ValueError(f"no engine here for quota kind {kind!r}")
+        resolved = self._resolver.resolve(kind, user or "", client_id or "")
+        state = None
+        if resolved is not None:
+            state = self._table.get(resolved.key)
+            if state is None:
+                state = self._new_state(resolved, now_ms)
+                if self._table.add(resolved.key, state, now_ms):
+                    self._cache.clear()  # cached states may have been dropped
+        if len(self._cache) >= self._cache_max:
+            self._cache.clear()
+        self._cache[(kind, user, client_id)] = state
+        return state
+
+    def _new_state(self, resolved: ResolvedQuota, now_ms: int) -> _State:
+        if resolved.kind in TOKEN_BUCKET_KINDS:
+            num, size_ms = self.controller_quota_window_num, self.controller_quota_window_size_ms
+            bucket = TokenBucket(resolved.quota, num, size_ms, now_ms)
+            return _BucketState(resolved, WindowedRate(num, size_ms), bucket, now_ms)
+        max_throttle_ms = self.request_max_throttle_ms if resolved.kind == REQUEST_RATE else MAX_THROTTLE_MS
+        rate = WindowedRate(self.quota_window_num, self.quota_window_size_ms)
+        return _RateState(resolved, rate, now_ms, max_throttle_ms)
+
+    # -- housekeeping and observation -------------------------------------------------------
+
+    def expire(self, now_ms: int) -> int:
+        """Drops entity state idle for longer than ``idle_ms``; returns how many went."""
+        dropped = self._table.expire(now_ms)
+        if dropped:
+            self._cache.clear()
+        return dropped
+
+    @property
+    def live_entities(self) -> int:
+        return len(self._table)
+
+    @property
+    def expired_total(self) -> int:
+        return self._table.expired_total
+
+    @property
+    def evicted_total(self) -> int:
+        """Entities dropped before their idle time because ``max_entities`` was reached."""
+        return self._table.evicted_total
+
+    def kind_counters(self) -> list[KindCounters]:
+        rejected = self._rejected
+        return [KindCounters(k, n, rejected.get(k, 0)) for k, n in sorted(self._throttled.items())]
+
+    def entity_stats(self, now_ms: int) -> list[EntityStats]:
+        """Every live entity's rate (or tokens) and throttle, measured at ``now_ms``."""
+        return [state.stats_at(now_ms) for _, state in self._table.items()]
+
+    def entity_stats_for(self, user: str, client_id: str, kind: str, now_ms: int) -> EntityStats | None:
+        """The stats of the entity this connection is charged to, if it has live state."""
+        resolved = self._resolver.resolve(kind, user or "", client_id or "")
+        if resolved is None:
+            return None
+        state = self._table.get(resolved.key)
+        return None if state is None else state.stats_at(now_ms)
+
+
+def _window_ms(window_size_s: float) -> int:
+    window_ms = round(window_size_s * 1000)
+    if window_ms < 1:
+        raise ValueError(f"a quota window must be at least 1 ms, got {window_size_s!r} s")
+    return window_ms

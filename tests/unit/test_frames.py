@@ -1,0 +1,200 @@
+"""FrameReader: whole, byte by byte, any chunking, garbage after the last frame, bad sizes."""
+
+from __future__ import annotations
+
+import struct
+import tracemalloc
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from protocol.frames import FrameError, FrameReader, frame
+
+MAX = 1 << 20  # 1 MiB
+
+payloads_st = st.lists(st.binary(max_size=300), max_size=12)
+
+
+def _stream(payloads: list[bytes]) -> bytes:
+    return b"".join(frame(p) for p in payloads)
+
+
+def _feed_chunks(reader: FrameReader, data: bytes, cuts: list[int]) -> list[bytes]:
+    """Feeds ``data`` split at ``cuts``; returns every frame's bytes, checked as it came out."""
+    out: list[bytes] = []
+    start = 0
+    for cut in [*sorted(set(cuts)), len(data)]:
+        for f in reader.feed(data[start:cut]):
+            assert isinstance(f, (memoryview, bytearray))
+            out.append(bytes(f))
+        start = cut
+    return out
+
+
+def test_frame_prefixes_the_size():
+    assert frame(b"abc") == b"\x00\x00\x00\x03abc"
+    assert frame(b"") == b"\x00\x00\x00\x00"
+
+
+def test_whole_stream_in_one_chunk():
+    payloads = [b"first", b"", b"x" * 1000, b"last"]
+    reader = FrameReader(MAX)
+    frames = reader.feed(_stream(payloads))
+    assert [bytes(f) for f in frames] == payloads
+    assert reader.buffered_bytes == 0
+
+
+def test_byte_by_byte():
+    payloads = [b"hello", b"", b"\x00\x01\x02", b"y" * 600]
+    data = _stream(payloads)
+    reader = FrameReader(MAX)
+    out = []
+    for i in range(len(data)):
+        out.extend(bytes(f) for f in reader.feed(data[i : i + 1]))
+        # Nothing is returned before a frame's last byte arrives.
+        complete = 0
+        pos = 0
+        for p in payloads:
+            pos += 4 + len(p)
+            if pos <= i + 1:
+                complete += 1
+        assert len(out) == complete
+    assert out == payloads
+    assert reader.buffered_bytes == 0
+
+
+def test_empty_feed_returns_nothing():
+    reader = FrameReader(MAX)
+    assert reader.feed(b"") == []
+    reader.feed(b"\x00\x00")
+    assert reader.feed(b"") == []
+    assert reader.buffered_bytes == 2
+
+
+@settings(max_examples=300, deadline=None)
+@given(payloads=payloads_st, data=st.data())
+def test_any_chunking_gives_the_same_frames(payloads, data):
+    stream = _stream(payloads)
+    cuts = data.draw(st.lists(st.integers(0, len(stream)), max_size=30))
+    reader = FrameReader(MAX)
+    assert _feed_chunks(reader, stream, cuts) == payloads
+    assert reader.buffered_bytes == 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(payloads=payloads_st, tail=st.binary(min_size=1, max_size=40), data=st.data())
+def test_garbage_after_the_last_frame_stays_buffered(payloads, tail, data):
+    # The tail is an incomplete frame: a size that promises more than the tail holds,
+    # or fewer than 4 bytes of size prefix.
+    if len(tail) >= 4:
+        tail = struct.pack(">i", len(tail) - 4 + 1 + data.draw(st.integers(0, 1000))) + tail[4:]
+    stream = _stream(payloads) + tail
+    cuts = data.draw(st.lists(st.integers(0, len(stream)), max_size=20))
+    reader = FrameReader(MAX)
+    # Never a frame made of bytes past the end of a real frame.
+    assert _feed_chunks(reader, stream, cuts) == payloads
+    assert reader.buffered_bytes == len(tail)
+
+
+def test_partial_frame_completes_on_later_feed():
+    reader = FrameReader(MAX)
+    assert reader.feed(frame(b"abcdef")[:7]) == []
+    assert reader.buffered_bytes == 7
+    assert [bytes(f) for f in reader.feed(b"def" + frame(b"gh"))] == [b"abcdef", b"gh"]
+    assert reader.buffered_bytes == 0
+
+
+def test_frame_of_exactly_max_bytes_is_accepted():
+    reader = FrameReader(1024)
+    assert [bytes(f) for f in reader.feed(frame(b"z" * 1024))] == [b"z" * 1024]
+
+
+def test_size_one_above_max_is_rejected():
+    reader = FrameReader(1024)
+    with pytest.raises(FrameError, match="1025"):
+        reader.feed(struct.pack(">i", 1025))
+
+
+@pytest.mark.parametrize("size", [-1, -(2**31)])
+def test_negative_size_is_rejected(size):
+    reader = FrameReader(MAX)
+    with pytest.raises(FrameError, match="negative"):
+        reader.feed(struct.pack(">i", size) + b"\x00" * 8)
+
+
+def test_negative_size_split_across_chunks_is_rejected():
+    reader = FrameReader(MAX)
+    reader.feed(b"\xff\xff")
+    with pytest.raises(FrameError, match="negative"):
+        reader.feed(b"\xff\xfe")
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["whole-prefix", "prefix-byte-by-byte"])
+def test_huge_size_raises_before_allocating(chunked):
+    """A 2 GiB size with a 1 MiB limit must fail at once, not allocate 2 GiB."""
+    prefix = struct.pack(">i", 2**31 - 1)
+    reader = FrameReader(MAX)
+    tracemalloc.start()
+    try:
+        with pytest.raises(FrameError, match="exceeds max_frame_bytes"):
+            if chunked:
+                for b in prefix:
+                    reader.feed(bytes([b]))
+            else:
+                reader.feed(prefix + b"\x00" * 100)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < MAX
+
+
+def test_frame_error_carries_frames_completed_before_the_bad_size():
+    reader = FrameReader(MAX)
+    with pytest.raises(FrameError) as info:
+        reader.feed(frame(b"one") + frame(b"two") + struct.pack(">i", -5))
+    assert [bytes(f) for f in info.value.frames] == [b"one", b"two"]
+
+
+def test_frame_error_after_a_split_frame_carries_it():
+    reader = FrameReader(MAX)
+    reader.feed(frame(b"abc")[:5])
+    with pytest.raises(FrameError) as info:
+        reader.feed(b"bc" + struct.pack(">i", MAX + 1))
+    assert [bytes(f) for f in info.value.frames] == [b"abc"]
+
+
+def test_memoryview_frames_stay_correct_after_later_feeds():
+    reader = FrameReader(MAX)
+    first_chunk = frame(b"alpha") + frame(b"beta") + frame(b"gam")[:5]
+    early = reader.feed(first_chunk)
+    assert all(isinstance(f, memoryview) for f in early)
+    later = reader.feed(b"am" + frame(b"delta"))
+    more = reader.feed(frame(b"x" * 50)[:20])
+    more += reader.feed(frame(b"x" * 50)[20:])
+    # Earlier views are not disturbed by anything the reader did since.
+    assert [bytes(f) for f in early] == [b"alpha", b"beta"]
+    assert [bytes(f) for f in later] == [b"gam", b"delta"]
+    assert [bytes(f) for f in more] == [b"x" * 50]
+    # Frames assembled across chunks are independent buffers.
+    assert isinstance(more[0], bytearray)
+
+
+def test_split_frames_do_not_share_buffers():
+    reader = FrameReader(MAX)
+    data = frame(b"A" * 10) + frame(b"B" * 10)
+    out = []
+    for i in range(0, len(data), 3):
+        out.extend(reader.feed(data[i : i + 3]))
+    assert [bytes(f) for f in out] == [b"A" * 10, b"B" * 10]
+    out[0][0] = ord("Z")  # writing into one frame leaves the other alone
+    assert bytes(out[1]) == b"B" * 10
+
+
+def test_zero_length_frames():
+    reader = FrameReader(MAX)
+    assert [bytes(f) for f in reader.feed(frame(b"") * 3)] == [b"", b"", b""]
+    out = []
+    for b in frame(b"") + frame(b"q"):
+        out.extend(bytes(f) for f in reader.feed(bytes([b])))
+    assert out == [b"", b"q"]
