@@ -33,6 +33,7 @@ log = logging.getLogger("proxy.connection")
 
 _INT16 = Struct(">h")
 _INT32 = Struct(">i")
+_JOIN_MAX_BYTES = 64 * 1024
 _RAW_SASL_ROUND_TRIPS = {"PLAIN": 1, "SCRAM-SHA-256": 2, "SCRAM-SHA-512": 2}
 
 
@@ -89,6 +90,17 @@ def _uvarint(buf, pos: int) -> tuple[int, int]:
         if not b & 0x80:
             return value, pos
         shift += 7
+
+
+def _write(transport: asyncio.Transport, buffers) -> None:
+    """One write per batch: small batches are joined (one copy, one send), large ones are
+    handed over as they are (no copy of a big record set)."""
+    if len(buffers) == 1:
+        transport.write(buffers[0])
+    elif sum(map(len, buffers)) <= _JOIN_MAX_BYTES:
+        transport.write(b"".join(buffers))
+    else:
+        transport.writelines(buffers)
 
 
 class ClientConnection(asyncio.Protocol):
@@ -228,7 +240,7 @@ class ClientConnection(asyncio.Protocol):
         if up is None or up.transport is None:
             self._unsent.extend(bytes(b) for b in out)  # the chunk's memory is not ours to keep
             return
-        up.transport.writelines(out)
+        _write(up.transport, out)
 
     def pause_writing(self) -> None:  # the client reads slower than the broker answers
         if self.upstream is not None and self.upstream.transport is not None:
@@ -304,7 +316,7 @@ class ClientConnection(asyncio.Protocol):
             self.stats.responses[(done.api_key, done.api_version)] += 1
             self.stats.latency[done.api_key].observe(time.monotonic() - done.received_at)
             if transport is not None and not self._closed:
-                transport.writelines((_INT32.pack(len(data)), data))
+                _write(transport, (_INT32.pack(len(data)), data))
         if self._close_when_drained and not pending:
             self._close()
 

@@ -39,6 +39,8 @@ class ApiVersionsFilter:
     def __init__(self, caps: dict[int, int | None] | None = None) -> None:
         self.caps = default_caps() if caps is None else caps
         self.max_version = SPECS[ApiKey.API_VERSIONS].max_version
+        # A broker answers ApiVersions with the same body every time: rewrite each body once.
+        self._rewritten: dict[tuple[int, bytes], bytes] = {}
 
     def on_request(self, conn, header, frame):
         if header.api_version > self.max_version:
@@ -50,8 +52,15 @@ class ApiVersionsFilter:
 
     def on_response(self, conn, entry, frame):
         offset = response_body_offset(frame, entry.api_key, entry.api_version)
-        resp = decode_response(entry.api_key, entry.api_version, frame[offset:])
-        if resp.error_code != 0:
-            return frame
+        key = (entry.api_version, bytes(frame[offset:]))
+        body = self._rewritten.get(key)
+        if body is None:
+            resp = decode_response(entry.api_key, entry.api_version, key[1])
+            body = key[1] if resp.error_code != 0 else self._capped(resp)
+            if len(self._rewritten) < 64:  # a handful of brokers x versions
+                self._rewritten[key] = body
+        return bytes(frame[:offset]) + body
+
+    def _capped(self, resp) -> bytes:
         rewrite.cap_api_versions(resp, self.caps)
-        return bytes(frame[:offset]) + encode_body(resp)
+        return encode_body(resp)
