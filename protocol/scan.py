@@ -10,7 +10,7 @@ from __future__ import annotations
 from struct import Struct
 from typing import NamedTuple
 
-from .headers import HeaderError, read_uvarint, skip_tagged_fields
+from .headers import read_uvarint, skip_tagged_fields
 
 _INT16 = Struct(">h")
 
@@ -22,7 +22,9 @@ class ScanError(ValueError):
 class ResponseScan(NamedTuple):
     throttle_offset: int  # offset of throttle_time_ms within the body
     error_codes: frozenset[int]  # partition-level error codes seen (0 included)
-    has_top_level_tags: bool  # True when the body ends in a non-empty tagged-field section
+    # Entries in the top-level NodeEndpoints (tag 0, KIP-951); brokers such as Tansu send the
+    # tag with an empty array on every response, which needs no rewrite.
+    node_endpoints: int
 
 
 def _compact_len(buf, pos: int) -> tuple[int, int]:
@@ -66,7 +68,7 @@ def scan_produce_response(body, version: int) -> ResponseScan:
             pos = skip_tagged_fields(body, pos)
         throttle_offset = pos
         pos += 4
-        return ResponseScan(throttle_offset, frozenset(errors), _has_tags(body, pos))
+        return ResponseScan(throttle_offset, frozenset(errors), _node_endpoints(body, pos))
     except ScanError:
         raise
     except Exception as exc:  # HeaderError, IndexError or struct.error on a short body
@@ -97,19 +99,27 @@ def scan_fetch_response(body, version: int) -> ResponseScan:
                 pos = _skip_compact_bytes(body, pos)  # records
                 pos = skip_tagged_fields(body, pos)
             pos = skip_tagged_fields(body, pos)
-        return ResponseScan(0, frozenset(errors), _has_tags(body, pos))
+        return ResponseScan(0, frozenset(errors), _node_endpoints(body, pos))
     except ScanError:
         raise
     except Exception as exc:
         raise ScanError(f"malformed FetchResponse v{version}: {exc}") from exc
 
 
-def _has_tags(body, pos: int) -> bool:
-    """Walks the top-level tagged fields, which must end the body exactly."""
+def _node_endpoints(body, pos: int) -> int:
+    """Walks the top-level tagged fields, which must end the body exactly; returns the number
+    of NodeEndpoints entries (tag 0 in both ProduceResponse and FetchResponse)."""
     if pos >= len(body):
         raise ScanError("body ends before its tagged fields")
-    count, _ = read_uvarint(body, pos)
-    end = skip_tagged_fields(body, pos)
-    if end != len(body):
-        raise ScanError(f"tagged fields end at {end}, body has {len(body)} bytes")
-    return count > 0
+    endpoints = 0
+    count, pos = read_uvarint(body, pos)
+    for _ in range(count):
+        tag, pos = read_uvarint(body, pos)
+        size, pos = read_uvarint(body, pos)
+        if tag == 0 and size:
+            n, _ = _compact_len(body, pos)
+            endpoints = max(n, 0)
+        pos += size
+    if pos != len(body):
+        raise ScanError(f"tagged fields end at {pos}, body has {len(body)} bytes")
+    return endpoints

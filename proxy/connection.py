@@ -104,6 +104,12 @@ def _write(transport: asyncio.Transport, buffers) -> None:
 
 
 class ClientConnection(asyncio.Protocol):
+    __slots__ = (
+        "server", "cluster", "stats", "chain", "node_id", "session", "label", "transport",
+        "upstream", "_reader", "_pending", "_awaiting_upstream", "_unsent", "_closed",
+        "_raw_sasl_frames", "_close_when_drained", "gate", "_connect_task",
+    )
+
     def __init__(self, server: ProxyServer, node_id: int | None) -> None:
         self.server = server
         self.cluster = server.cluster
@@ -372,6 +378,8 @@ class ClientConnection(asyncio.Protocol):
 
 class UpstreamConnection(asyncio.Protocol):
     """The broker side of one client connection: frames responses back to it."""
+
+    __slots__ = ("client", "transport", "_reader")
 
     def __init__(self, client: ClientConnection) -> None:
         self.client = client

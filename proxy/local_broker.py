@@ -63,7 +63,7 @@ def api_versions_ping(host: str, port: int, timeout_s: float = 1.0) -> bool:
     return response.error_code == 0 and bool(response.api_keys)
 
 
-def _candidate_port(host: str) -> int:
+def candidate_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
@@ -105,7 +105,7 @@ class LocalTansu:
                if k not in ("LISTENER_URL", "ADVERTISED_LISTENER_URL", "STORAGE_ENGINE", "CLUSTER_ID")}
         failures = []
         for _ in range(attempts):
-            port = _candidate_port(self.host)
+            port = candidate_port(self.host)
             advertised = self.advertised_port or port
             self.process = subprocess.Popen(
                 [str(binary), "broker",

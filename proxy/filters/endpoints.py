@@ -25,8 +25,8 @@ class EndpointRewriteFilter:
         if since is not None:
             if version < since:
                 return frame
-            # Hot path: walk the body without copying records; decode only if it has tags.
-            if not _SCANNERS[key](memoryview(frame)[offset:], version).has_top_level_tags:
+            # Hot path: walk the body without copying records; decode only to rewrite endpoints.
+            if not _SCANNERS[key](memoryview(frame)[offset:], version).node_endpoints:
                 return frame
         resp = decode_response(key, version, memoryview(frame)[offset:])
         rewrite.ENDPOINT_REWRITERS[key](resp, conn.cluster.advertise)

@@ -7,7 +7,6 @@ waits for that file, failing fast (with the proxy's log) if the process exits fi
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys

@@ -26,11 +26,10 @@ import itertools
 import struct
 import threading
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kafka.protocol.api_message import ApiMessage
 from kafka.protocol.metadata import ApiVersionsResponse
 
 from protocol.apis import SPECS, ApiKey

@@ -98,7 +98,7 @@ def test_produce_scan(version, endpoints):
     assert _throttle_at(body, scan.throttle_offset) == THROTTLE_MS
     assert scan.error_codes == {0, 6, 87, 74}
     # NodeEndpoints is the only top-level tagged field, and exists from v10 (KIP-951).
-    assert scan.has_top_level_tags is (endpoints and version >= 10)
+    assert (scan.node_endpoints > 0) is (endpoints and version >= 10)
 
 
 @pytest.mark.parametrize("version", PRODUCE_VERSIONS)
@@ -107,7 +107,7 @@ def test_produce_scan_no_topics(version):
     scan = scan_produce_response(body, version)
     assert scan.throttle_offset == 1  # right after the empty compact array
     assert scan.error_codes == frozenset()
-    assert scan.has_top_level_tags is False
+    assert scan.node_endpoints == 0
 
 
 @pytest.mark.parametrize("version", PRODUCE_VERSIONS)
@@ -134,7 +134,20 @@ def test_fetch_scan(version, endpoints):
     assert scan.throttle_offset == 0
     assert _throttle_at(body, scan.throttle_offset) == THROTTLE_MS
     assert scan.error_codes == {0, 74, 6, 1}
-    assert scan.has_top_level_tags is (endpoints and version >= 16)
+    assert (scan.node_endpoints > 0) is (endpoints and version >= 16)
+
+
+@pytest.mark.parametrize("scanner, build, version", [
+    (scan_produce_response, produce_body, 10), (scan_produce_response, produce_body, 13),
+    (scan_fetch_response, fetch_body, 16), (scan_fetch_response, fetch_body, 18),
+])
+def test_empty_node_endpoints_tag_needs_no_rewrite(scanner, build, version):
+    # Tansu sends NodeEndpoints as tag 0 holding an empty array on every response.
+    body = build(version, endpoints=False)
+    assert body.endswith(b"\x00")
+    scan = scanner(body[:-1] + b"\x01\x00\x01\x01", version)
+    assert scan.node_endpoints == 0
+    assert scanner(build(version, endpoints=True), version).node_endpoints == 1
 
 
 @pytest.mark.parametrize("version", FETCH_VERSIONS)
@@ -142,7 +155,7 @@ def test_fetch_scan_no_topics(version):
     body = fetch_body(version, errors_by_topic=(), endpoints=False)
     scan = scan_fetch_response(body, version)
     assert scan.error_codes == frozenset()
-    assert scan.has_top_level_tags is False
+    assert scan.node_endpoints == 0
 
 
 @pytest.mark.parametrize("version", [4, 11])

@@ -1,0 +1,535 @@
+"""Compare four ways of reaching one Tansu broker and print a table.
+
+    python -m bench.run            # full run (about 6 minutes)
+    python -m bench.run --quick    # about a minute
+
+Configurations (each gets a fresh Tansu broker, so runs do not influence each other):
+  direct             clients talk to Tansu
+  byte-pump          bench.byte_pump (asyncio.Protocol, uvloop, no parsing) in front of Tansu,
+                     which advertises the pump's port so clients stay inside it
+  kafka-quota-proxy  this project, ``python -m proxy run``
+  tansu-proxy        Tansu's Rust proxy, ``tansu proxy``
+
+The benchmark client is this process; broker, pump and proxies are subprocesses.
+Results go to bench/results/latest.json (and are printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import clients
+from .procs import Launcher, Proc, cpu_seconds, raise_nofile, rss_kib, system_busy_seconds, tansu_binary
+
+CONFIGS = ("direct", "byte-pump", "kafka-quota-proxy", "tansu-proxy")
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+@dataclass(frozen=True)
+class Plan:
+    records_100: int
+    records_1k: int
+    max_produce_s: float
+    repeats: int
+    rtt_n: int
+    idle_connections: int
+    partitions: int
+
+
+FULL = Plan(records_100=1_000_000, records_1k=300_000, max_produce_s=8.0, repeats=5,
+            rtt_n=3000, idle_connections=1000, partitions=1)
+QUICK = Plan(records_100=200_000, records_1k=60_000, max_produce_s=3.0, repeats=2,
+             rtt_n=1000, idle_connections=1000, partitions=1)
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def start_config(launcher: Launcher, name: str) -> tuple[tuple[str, int], Proc, Proc | None]:
+    """Start one configuration; returns (bootstrap address, broker, intermediary or None)."""
+    if name == "direct":
+        broker = launcher.tansu_broker()
+        return broker.address, broker, None
+    if name == "byte-pump":
+        broker, pump = launcher.pumped_broker()
+        return pump.address, broker, pump
+    broker = launcher.tansu_broker()
+    if name == "kafka-quota-proxy":
+        proxy = launcher.our_proxy(broker.address)
+    elif name == "tansu-proxy":
+        proxy = launcher.tansu_proxy(broker.address)
+    else:
+        raise ValueError(name)
+    return proxy.address, broker, proxy
+
+
+def _median_run(runs: list[dict]) -> dict:
+    """The run with the median records/s among the quiet runs (all runs if none was quiet),
+    plus every run's records/s."""
+    quiet = [r for r in runs if not r.get("noisy")]
+    ordered = sorted(quiet or runs, key=lambda r: r["records_per_s"])
+    chosen = dict(ordered[len(ordered) // 2])
+    chosen["all_records_per_s"] = [r["records_per_s"] for r in runs]
+    chosen["noisy_runs"] = sum(1 for r in runs if r.get("noisy"))
+    chosen["runs_considered"] = len(quiet or runs)
+    return chosen
+
+
+class Quiet:
+    """Background-load guard for a shared machine.
+
+    ``wait()`` holds a measurement back until the rest of the machine is using less than
+    ``threshold_pct`` of a core (it is called while every benchmark process is idle), and a run
+    during which other processes used more than that is marked noisy and may be repeated. Both
+    draw on one time budget, so a permanently busy machine slows the run down only so much.
+    """
+
+    def __init__(self, threshold_pct: float, budget_s: float) -> None:
+        self.threshold_pct = threshold_pct
+        self.budget_s = budget_s
+        self.waited_s = 0.0
+        self.retries = 0
+
+    def busy_pct(self, interval_s: float = 0.25) -> float:
+        start = system_busy_seconds()
+        time.sleep(interval_s)
+        return 100.0 * (system_busy_seconds() - start) / interval_s
+
+    def wait(self) -> None:
+        t0 = time.monotonic()
+        while self.budget_s > 0:
+            if self.busy_pct() < self.threshold_pct:
+                break
+            self.budget_s -= 0.25
+        waited = time.monotonic() - t0
+        self.waited_s += waited
+        if waited > 1.0:
+            log(f"waited {waited:.1f}s for the machine to quieten")
+
+    def noisy(self, *runs: dict) -> bool:
+        return any((r.get("other_cpu_pct") or 0.0) > self.threshold_pct for r in runs)
+
+    def may_retry(self, cost_s: float) -> bool:
+        if self.budget_s <= 0:
+            return False
+        self.budget_s -= cost_s
+        self.retries += 1
+        return True
+
+
+def _profile_start(pid: int, out: Path) -> subprocess.Popen | None:
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not Path(spy).exists():
+        log("py-spy not found; --profile ignored")
+        return None
+    return subprocess.Popen([spy, "record", "--pid", str(pid), "--rate", "250", "--format", "speedscope",
+                             "--output", str(out), "--nonblocking"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _profile_stop(p: subprocess.Popen | None) -> None:
+    if p is None:
+        return
+    p.send_signal(2)
+    try:
+        p.wait(30)
+    except subprocess.TimeoutExpired:
+        p.kill()
+
+
+@dataclass
+class Setup:
+    name: str
+    launcher: Launcher
+    result: dict
+    address: tuple[str, int] | None = None
+    broker: Proc | None = None
+    mid: Proc | None = None
+    failed: bool = False
+
+    def fail(self, exc: BaseException) -> None:
+        self.failed = True
+        self.result["error"] = f"{type(exc).__name__}: {exc}"
+        self.result["traceback"] = traceback.format_exc()
+        log(f"{self.name}: FAILED: {self.result['error']}")
+
+    def check_alive(self) -> None:
+        for proc in self.launcher.procs:
+            if not proc.alive():
+                raise RuntimeError(f"{proc.name} exited with {proc.popen.returncode}:\n{proc.log_tail()}")
+
+
+def one_round(s: Setup, plan: Plan, rnd: int, acc: dict, profile_dir: Path | None, quiet: Quiet) -> None:
+    """Produce + consume for both record sizes, on one configuration. A pair that ran while
+    other processes were busy is kept (marked noisy) and repeated up to twice."""
+    address, mid_pid, broker_pid = s.address, (s.mid.pid if s.mid else None), s.broker.pid
+    parts = []
+    for label, size, count in (("100B", 100, plan.records_100), ("1KiB", 1024, plan.records_1k)):
+        for attempt in range(3):
+            topic = f"bench-{label}-{rnd}-{attempt}"
+            clients.create_topic(address, topic, plan.partitions)
+            spy = None
+            if profile_dir is not None and s.mid is not None and rnd == 0 and attempt == 0 and s.name != "tansu-proxy":
+                spy = _profile_start(s.mid.pid, profile_dir / f"{s.name}-produce-{label}.speedscope.json")
+                time.sleep(0.5)
+            quiet.wait()
+            t0 = time.monotonic()
+            try:
+                p = clients.produce(address, topic, size, count, plan.max_produce_s,
+                                    watch_pid=mid_pid, broker_pid=broker_pid)
+            finally:
+                _profile_stop(spy)
+            c = clients.consume(address, topic, plan.partitions, p.records + 1,
+                                watch_pid=mid_pid, broker_pid=broker_pid)
+            pd, cd = p.as_dict(), c.as_dict()
+            noisy = quiet.noisy(pd, cd)
+            pd["noisy"] = cd["noisy"] = noisy
+            acc.setdefault(f"produce_{label}", []).append(pd)
+            acc.setdefault(f"consume_{label}", []).append(cd)
+            parts.append(f"{label} produce {p.records_per_s:,.0f} rec/s, consume {c.records_per_s:,.0f} rec/s"
+                         + (f" (noisy: others used {max(pd['other_cpu_pct'], cd['other_cpu_pct']):.0f}% CPU)" if noisy else ""))
+            if not noisy or attempt == 2 or not quiet.may_retry(time.monotonic() - t0):
+                break
+    log(f"round {rnd + 1} {s.name}: " + "; ".join(parts))
+
+
+RTT_KINDS = (("rtt_api_versions", lambda: clients.api_versions_frame(3)),
+             ("rtt_produce", lambda: clients.produce_frame("rtt")))
+
+
+def rtt_phase(setups: list["Setup"], plan: Plan, rnd: int, accs: dict[str, dict], quiet: Quiet) -> None:
+    """Sequential round trips on every live configuration, interleaved in small blocks; if that
+    fails, each configuration is measured alone so the failure is pinned on the right one.
+    Also records the CPU time each intermediary spent per request."""
+    live = [s for s in setups if not s.failed]
+    for key, make_frame in RTT_KINDS:
+        quiet.wait()
+        cpu0 = {s.name: cpu_seconds(s.mid.pid) for s in live if s.mid is not None}
+        busy0 = system_busy_seconds()
+        t0 = time.monotonic()
+        interleaved = True
+        try:
+            got = clients.interleaved_round_trips({s.name: s.address for s in live}, make_frame(), plan.rtt_n)
+        except Exception:
+            interleaved = False
+            got = {}
+            for s in live:
+                if s.failed:
+                    continue
+                try:
+                    got[s.name] = clients.round_trip_samples(s.address, make_frame(), plan.rtt_n)
+                except Exception as exc:
+                    s.fail(exc)
+        elapsed = time.monotonic() - t0
+        busy = system_busy_seconds() - busy0
+        for s in live:
+            if s.name in got:
+                accs[s.name].setdefault(key, []).extend(got[s.name])
+                accs[s.name].setdefault(f"{key}_machine_busy_pct", []).append(100.0 * busy / elapsed)
+                if s.name in cpu0:
+                    used = cpu_seconds(s.mid.pid) - cpu0[s.name]
+                    sent = clients.interleaved_request_count(plan.rtt_n) if interleaved else plan.rtt_n + 200
+                    accs[s.name].setdefault(f"{key}_mid_cpu_us", []).append(1e6 * used / sent)
+    log(f"round {rnd + 1} RTT p50 ApiVersions / Produce(1 record): " + ", ".join(
+        f"{s.name} {clients.summarize(accs[s.name]['rtt_api_versions'][-plan.rtt_n:]).p50_us:.0f}"
+        f"/{clients.summarize(accs[s.name]['rtt_produce'][-plan.rtt_n:]).p50_us:.0f} us"
+        for s in live if not s.failed))
+
+
+def run_all(configs: list[str], plan: Plan, workdir: Path, profile_dir: Path | None,
+            quiet: Quiet) -> dict[str, dict]:
+    """Start every configuration (each with its own broker), measure idle-connection memory on
+    the fresh intermediaries, then run ``plan.repeats`` rounds. A round measures request round
+    trips on all configurations interleaved, then visits every configuration in turn (rotating
+    the order) for produce/consume throughput, so background noise on the machine is spread over
+    all of them instead of landing on one."""
+    setups = [Setup(name, Launcher(workdir / name), {"config": name}) for name in configs]
+    accs: dict[str, dict] = {name: {} for name in configs}
+    try:
+        for s in setups:
+            try:
+                t0 = time.monotonic()
+                s.address, s.broker, s.mid = start_config(s.launcher, s.name)
+                s.result["bootstrap"] = list(s.address)
+                log(f"{s.name}: up at {s.address[0]}:{s.address[1]} in {time.monotonic() - t0:.2f}s")
+            except Exception as exc:
+                s.fail(exc)
+        for s in setups:
+            if s.failed:
+                continue
+            try:
+                if s.mid is not None and plan.idle_connections:
+                    mem = clients.idle_connection_memory(s.address, s.mid.pid, plan.idle_connections)
+                    s.result["idle_memory"] = mem.as_dict()
+                    log(f"{s.name}: {mem.per_connection_bytes / 1024:.1f} KiB per idle connection "
+                        f"(RSS {mem.rss_before_kib / 1024:.1f} -> {mem.rss_after_kib / 1024:.1f} MiB)")
+                clients.create_topic(s.address, "rtt", 1)
+                s.check_alive()
+            except Exception as exc:
+                s.fail(exc)
+        for rnd in range(plan.repeats):
+            rtt_phase(setups, plan, rnd, accs, quiet)
+            order = setups[rnd % len(setups):] + setups[:rnd % len(setups)]
+            for s in order:
+                if s.failed:
+                    continue
+                try:
+                    one_round(s, plan, rnd, accs[s.name], profile_dir, quiet)
+                    s.check_alive()
+                except Exception as exc:
+                    s.fail(exc)
+        for s in setups:
+            acc = accs[s.name]
+            for key in ("rtt_api_versions", "rtt_produce"):
+                if acc.get(key):
+                    s.result[key] = clients.summarize(acc[key]).as_dict()
+                    s.result[key]["machine_busy_pct"] = acc[f"{key}_machine_busy_pct"]
+                    if acc.get(f"{key}_mid_cpu_us"):
+                        s.result[key]["mid_cpu_us_per_request"] = statistics.median(acc[f"{key}_mid_cpu_us"])
+            for key, runs in acc.items():
+                if key.startswith(("produce_", "consume_")) and runs:
+                    s.result[key] = _median_run(runs)
+            if s.mid is not None and not s.failed:
+                s.result["intermediary_rss_kib_end"] = _rss(s.mid.pid)
+    finally:
+        for s in setups:
+            s.launcher.close()
+    return {s.name: s.result for s in setups}
+
+
+def _rss(pid: int) -> int | None:
+    try:
+        return rss_kib(pid)
+    except OSError:
+        return None
+
+
+# --- reporting ----------------------------------------------------------------------------------
+
+ROWS = [
+    # (label, path, unit, higher is better)
+    ("produce 100B  records/s", ("produce_100B", "records_per_s"), "rec/s", True),
+    ("produce 100B  MB/s", ("produce_100B", "mb_per_s"), "MB/s", True),
+    ("produce 1KiB  records/s", ("produce_1KiB", "records_per_s"), "rec/s", True),
+    ("produce 1KiB  MB/s", ("produce_1KiB", "mb_per_s"), "MB/s", True),
+    ("consume 100B  records/s", ("consume_100B", "records_per_s"), "rec/s", True),
+    ("consume 100B  MB/s", ("consume_100B", "mb_per_s"), "MB/s", True),
+    ("consume 1KiB  records/s", ("consume_1KiB", "records_per_s"), "rec/s", True),
+    ("consume 1KiB  MB/s", ("consume_1KiB", "mb_per_s"), "MB/s", True),
+    ("ApiVersions RTT p50 us", ("rtt_api_versions", "p50_us"), "us", False),
+    ("ApiVersions RTT p99 us", ("rtt_api_versions", "p99_us"), "us", False),
+    ("Produce(1 rec) RTT p50 us", ("rtt_produce", "p50_us"), "us", False),
+    ("Produce(1 rec) RTT p99 us", ("rtt_produce", "p99_us"), "us", False),
+    ("idle conn memory B/conn", ("idle_memory", "per_connection_bytes"), "B", False),
+    ("mid CPU us/req ApiVersions", ("rtt_api_versions", "mid_cpu_us_per_request"), "cpu", False),
+    ("mid CPU us/req Produce(1)", ("rtt_produce", "mid_cpu_us_per_request"), "cpu", False),
+    ("mid CPU ns/rec produce 100B", ("produce_100B", "server_cpu_ns_per_record"), "cpu", False),
+    ("mid CPU ms/MB produce 1KiB", ("produce_1KiB", "server_cpu_ms_per_mb"), "cpu", False),
+    ("mid CPU ns/rec consume 100B", ("consume_100B", "server_cpu_ns_per_record"), "cpu", False),
+    ("mid CPU ms/MB consume 1KiB", ("consume_1KiB", "server_cpu_ms_per_mb"), "cpu", False),
+    ("mid CPU% produce 100B", ("produce_100B", "server_cpu_pct"), "%", False),
+    ("mid CPU% produce 1KiB", ("produce_1KiB", "server_cpu_pct"), "%", False),
+    ("mid CPU% consume 1KiB", ("consume_1KiB", "server_cpu_pct"), "%", False),
+    ("broker CPU% produce 100B", ("produce_100B", "broker_cpu_pct"), "%", False),
+    ("client CPU% produce 100B", ("produce_100B", "client_cpu_pct"), "%", False),
+    ("client CPU% consume 100B", ("consume_100B", "client_cpu_pct"), "%", False),
+    ("other CPU% produce 100B", ("produce_100B", "other_cpu_pct"), "%", False),
+    ("other CPU% produce 1KiB", ("produce_1KiB", "other_cpu_pct"), "%", False),
+]
+
+
+def _get(result: dict, path: tuple[str, str]):
+    v = result.get(path[0])
+    if isinstance(v, dict):
+        return v.get(path[1])
+    return None
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    if abs(v) >= 10000:
+        return f"{v:,.0f}"
+    if abs(v) >= 100:
+        return f"{v:.0f}"
+    return f"{v:.1f}"
+
+
+def derived(results: dict[str, dict]) -> dict:
+    """Proxy/pump and proxy/tansu-proxy throughput ratios; added-latency ratio."""
+    out: dict = {}
+    direct, pump = results.get("direct", {}), results.get("byte-pump", {})
+    proxy, tproxy = results.get("kafka-quota-proxy", {}), results.get("tansu-proxy", {})
+    for key in ("produce_100B", "produce_1KiB", "consume_100B", "consume_1KiB"):
+        px = _get(proxy, (key, "records_per_s"))
+        pp = _get(pump, (key, "records_per_s"))
+        pt = _get(tproxy, (key, "records_per_s"))
+        out[f"{key} proxy/pump"] = {"value": px / pp if px and pp else None, "target": ">= 0.95"}
+        out[f"{key} proxy/tansu-proxy"] = {"value": px / pt if px and pt else None, "target": None}
+    for key, field in (("rtt_api_versions", "mid_cpu_us_per_request"), ("rtt_produce", "mid_cpu_us_per_request"),
+                       ("produce_100B", "server_cpu_ns_per_record"), ("produce_1KiB", "server_cpu_ms_per_mb"),
+                       ("consume_100B", "server_cpu_ns_per_record"), ("consume_1KiB", "server_cpu_ms_per_mb")):
+        px, pp = _get(proxy, (key, field)), _get(pump, (key, field))
+        out[f"{key} mid CPU proxy/pump"] = {"value": px / pp if px and pp else None, "target": None}
+    for key in ("rtt_api_versions", "rtt_produce"):
+        d, p, x = (_get(r, (key, "p50_us")) for r in (direct, pump, proxy))
+        ratio = None
+        if None not in (d, p, x):
+            added_pump, added_proxy = p - d, x - d
+            ratio = added_proxy / added_pump if added_pump > 0 else None
+            out[f"{key} added p50 us (pump, proxy)"] = {"value": [added_pump, added_proxy], "target": None}
+        out[f"{key} added p50 proxy/pump"] = {"value": ratio, "target": "<= 1.25"}
+    return out
+
+
+def table(results: dict[str, dict], configs: list[str]) -> str:
+    width = 27
+    col = 22
+    lines = []
+    head = "metric".ljust(width) + "".join(c.rjust(col) for c in configs)
+    lines.append(head)
+    lines.append("-" * len(head))
+    direct = results.get("direct", {})
+    for label, path, _unit, _higher in ROWS:
+        cells = []
+        any_value = False
+        for c in configs:
+            r = results.get(c, {})
+            v = _get(r, path)
+            if "error" in r and v is None:
+                cells.append("FAILED".rjust(col))
+                continue
+            d = _get(direct, path)
+            text = _fmt(v)
+            any_value = any_value or v is not None
+            if v is not None and d and c != "direct" and _unit not in ("%", "cpu"):
+                text += f" ({v / d:.2f}x)"
+            cells.append(text.rjust(col))
+        if any_value:
+            lines.append(label.ljust(width) + "".join(cells))
+    lines.append("")
+    lines.append("(x) = ratio to direct. 'mid' = the process between client and broker; CPU% is of one core;")
+    lines.append("'mid CPU' per request/record/MB = its CPU time divided by the work (robust to noise);")
+    lines.append("'other' = everything else on the machine during that run (background noise).")
+    lines.append("")
+    lines.append("derived".ljust(44) + "value".rjust(16) + "   target")
+    for key, item in derived(results).items():
+        v = item["value"]
+        if isinstance(v, list):
+            text = " / ".join(f"{x:.0f}" for x in v)
+        else:
+            text = "-" if v is None else f"{v:.3f}"
+        target = item["target"] or ""
+        if v is None and not target:
+            continue
+        verdict = ""
+        if v is not None and not isinstance(v, list) and target:
+            ok = v >= float(target.split()[-1]) if target.startswith(">=") else v <= float(target.split()[-1])
+            verdict = "  ok" if ok else "  MISSED"
+        lines.append(key.ljust(44) + text.rjust(16) + f"   {target}{verdict}")
+    for c in configs:
+        if "error" in results.get(c, {}):
+            lines.append(f"\n{c} FAILED: {results[c]['error']}")
+    return "\n".join(lines)
+
+
+def environment() -> dict:
+    import confluent_kafka
+
+    tansu = tansu_binary()
+    try:
+        tansu_version = subprocess.run([tansu, "--version"], capture_output=True, text=True, timeout=10).stdout.strip()
+    except Exception:
+        tansu_version = None
+    try:
+        import uvloop
+        uv = uvloop.__version__
+    except ImportError:
+        uv = None
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "tansu": tansu_version,
+        "librdkafka": confluent_kafka.libversion()[0],
+        "confluent_kafka": confluent_kafka.version()[0],
+        "uvloop": uv,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="about one minute instead of several")
+    p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated subset of {','.join(CONFIGS)}")
+    p.add_argument("--repeats", type=int, help="produce/consume repetitions per size (median reported)")
+    p.add_argument("--partitions", type=int, help="partitions per benchmark topic (default 1)")
+    p.add_argument("--idle-connections", type=int, help="connections for the memory test (0 skips it)")
+    p.add_argument("--profile", action="store_true",
+                   help="record py-spy speedscope profiles of Python intermediaries during the first produce run")
+    p.add_argument("--noise-threshold", type=float, default=25.0,
+                   help="CPU%% (of one core) used by other processes above which a run counts as noisy")
+    p.add_argument("--noise-budget", type=float,
+                   help="seconds the run may spend waiting for quiet / repeating noisy runs (default 120, quick 20)")
+    p.add_argument("--out", type=Path, default=RESULTS_DIR / "latest.json", help="JSON results file")
+    p.add_argument("--workdir", type=Path, help="where logs and configs go (default: a temp dir)")
+    args = p.parse_args(argv)
+
+    plan = QUICK if args.quick else FULL
+    overrides = {k: v for k, v in (("repeats", args.repeats), ("partitions", args.partitions),
+                                   ("idle_connections", args.idle_connections)) if v is not None}
+    if overrides:
+        plan = Plan(**{**plan.__dict__, **overrides})
+    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    unknown = set(configs) - set(CONFIGS)
+    if unknown:
+        p.error(f"unknown configurations: {', '.join(sorted(unknown))}")
+
+    soft, hard = raise_nofile()
+    need = 3 * plan.idle_connections + 200
+    if soft < need:
+        log(f"warning: open-files limit {soft} (hard {hard}) is below the ~{need} the memory test needs")
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="kqp-bench-"))
+    profile_dir = None
+    if args.profile:
+        profile_dir = args.out.parent / "profiles"
+        profile_dir.mkdir(parents=True, exist_ok=True)
+    log(f"plan {plan}; logs in {workdir}; open files limit {soft}")
+
+    started = time.time()
+    quiet = Quiet(args.noise_threshold, args.noise_budget if args.noise_budget is not None
+                  else (20.0 if args.quick else 120.0))
+    results = run_all(configs, plan, workdir, profile_dir, quiet)
+
+    report = {
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+        "duration_s": time.time() - started,
+        "quick": args.quick,
+        "plan": plan.__dict__,
+        "environment": environment(),
+        "open_files_limit": [soft, hard],
+        "noise": {"threshold_pct": quiet.threshold_pct, "waited_s": quiet.waited_s, "retries": quiet.retries},
+        "results": results,
+        "derived": derived(results),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2))
+    print(table(results, configs))
+    print(f"\n{len(configs)} configurations in {report['duration_s']:.0f}s; JSON: {args.out}")
+    return 1 if any("error" in r for r in results.values()) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
