@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 from collections import deque
 from struct import Struct
 from typing import TYPE_CHECKING
 
-from protocol.apis import SPECS, ApiKey
+from protocol.apis import ApiKey
 from protocol.frames import FrameError, FrameReader
 from protocol.headers import HeaderError, parse_request_header, response_correlation_id
 from protocol.messages import DecodeError
+from protocol.produce import produce_acks
 from protocol.scan import ScanError
 
 from .filters.base import Answer, Close, Forward
@@ -31,9 +33,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("proxy.connection")
 
-_INT16 = Struct(">h")
 _INT32 = Struct(">i")
 _JOIN_MAX_BYTES = 64 * 1024
+_WRITE_HIGH_BYTES = 1 << 20
+_WRITE_LOW_BYTES = 1 << 18
 _RAW_SASL_ROUND_TRIPS = {"PLAIN": 1, "SCRAM-SHA-256": 2, "SCRAM-SHA-512": 2}
 
 
@@ -68,28 +71,19 @@ class InFlight:
         self.raw = False  # a raw SASL token (SaslHandshake v0): no header, no correlation id
 
 
-def produce_acks(frame, body_offset: int, api_version: int) -> int:
-    """The acks field of a ProduceRequest, read without decoding the records."""
-    pos = body_offset
-    if api_version >= 3:  # transactional_id comes first
-        if SPECS[ApiKey.PRODUCE].is_flexible(api_version):
-            n, pos = _uvarint(frame, pos)
-            pos += max(n - 1, 0)
-        else:
-            (n,) = _INT16.unpack_from(frame, pos)
-            pos += 2 + max(n, 0)
-    return _INT16.unpack_from(frame, pos)[0]
 
 
-def _uvarint(buf, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        b = buf[pos]
-        pos += 1
-        value |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return value, pos
-        shift += 7
+def _tune(transport: asyncio.Transport) -> None:
+    """Small requests go out at once; a whole large fetch response may sit in the write buffer
+    before the other side is paused (the default 64 KiB high-water mark would pause and resume
+    the broker side for every large response)."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass
+    transport.set_write_buffer_limits(high=_WRITE_HIGH_BYTES, low=_WRITE_LOW_BYTES)
 
 
 def _write(transport: asyncio.Transport, buffers) -> None:
@@ -134,6 +128,7 @@ class ClientConnection(asyncio.Protocol):
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+        _tune(transport)
         peer = transport.get_extra_info("peername")
         self.label = f"{peer[0]}:{peer[1]}" if peer else "client"
         self.gate = ReadGate(transport, self.stats)
@@ -389,6 +384,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+        _tune(transport)
 
     def data_received(self, data: bytes) -> None:
         client = self.client
