@@ -9,7 +9,10 @@ from typing import Any
 
 import yaml
 
-from .model import Config, ListenConfig, MetricsConfig, UpstreamConfig
+from quotas.common import ALL_KINDS, PRODUCER_IDS_RATE, USER_LEVEL_ONLY_KINDS
+from quotas.entities import QuotaRule
+
+from .model import Config, ListenConfig, MetricsConfig, QuotaEntities, QuotaWindows, UpstreamConfig
 
 
 class ConfigError(ValueError):
@@ -34,14 +37,73 @@ def load_config(file: str | Path) -> Config:
 
 
 def parse_config(data: Any) -> Config:
-    root = _mapping(data, "$", {"upstream", "listen", "metrics"})
+    root = _mapping(data, "$", {"upstream", "listen", "metrics", "quota_windows", "quota_entities", "quotas"})
     if "upstream" not in root:
         raise ConfigError("upstream", "is required")
     return Config(
         upstream=_upstream(root["upstream"], "upstream"),
         listen=_listen(root.get("listen", {}), "listen"),
         metrics=_metrics(root.get("metrics", {}), "metrics"),
+        quota_windows=_quota_windows(root.get("quota_windows", {}), "quota_windows"),
+        quota_entities=_quota_entities(root.get("quota_entities", {}), "quota_entities"),
+        quotas=_quotas(root.get("quotas", []), "quotas"),
     )
+
+
+def _quota_windows(data: Any, path: str) -> QuotaWindows:
+    d = QuotaWindows()
+    m = _mapping(data, path, set(vars(d)))
+    return QuotaWindows(**{k: _int(m, k, path, getattr(d, k), 1, 3600) for k in vars(d)})
+
+
+def _quota_entities(data: Any, path: str) -> QuotaEntities:
+    d = QuotaEntities()
+    m = _mapping(data, path, {"idle_seconds", "max_live"})
+    return QuotaEntities(
+        idle_seconds=_number(m, "idle_seconds", path, d.idle_seconds, 1.0),
+        max_live=_int(m, "max_live", path, d.max_live, 1, 10_000_000),
+    )
+
+
+def _quotas(data: Any, path: str) -> tuple[QuotaRule, ...]:
+    if data is None:
+        return ()
+    if not isinstance(data, list):
+        raise ConfigError(path, f"must be a list of quota entries, got {data!r}")
+    rules: list[QuotaRule] = []
+    seen: dict[tuple, int] = {}
+    for i, entry in enumerate(data):
+        p = f"{path}[{i}]"
+        m = _mapping(entry, p, {"user", "client_id", *ALL_KINDS})
+        entity = {}
+        for key in ("user", "client_id"):
+            if key in m:
+                if not isinstance(m[key], str) or not m[key]:
+                    raise ConfigError(f"{p}.{key}", f"must be a name, \"<default>\" or a glob, got {m[key]!r}")
+                entity[key] = m[key]
+        if not entity:
+            raise ConfigError(p, "needs user, client_id or both")
+        values = {}
+        for kind in sorted(ALL_KINDS & m.keys()):
+            v = m[kind]
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
+                raise ConfigError(f"{p}.{kind}", f"must be a positive number, got {v!r}")
+            values[kind] = float(v)
+        if PRODUCER_IDS_RATE in values:
+            raise ConfigError(f"{p}.producer_ids_rate", "is not enforced by this version of the proxy yet")
+        if not values:
+            raise ConfigError(p, f"sets no quota (one of: {', '.join(sorted(ALL_KINDS))})")
+        # KIP-936: producer_ids_rate is a user-level quota only.
+        if USER_LEVEL_ONLY_KINDS & values.keys() and "client_id" in entity:
+            raise ConfigError(f"{p}.producer_ids_rate", "applies to users only; remove client_id")
+        if "user" in entity and "client_id" not in entity and any(c in entity["user"] for c in "*?["):
+            raise ConfigError(f"{p}.user", f"globs apply to client ids only, got {entity['user']!r}")
+        key = (entity.get("user"), entity.get("client_id"))
+        if key in seen:
+            raise ConfigError(p, f"same entity as {path}[{seen[key]}]: merge them")
+        seen[key] = i
+        rules.append(QuotaRule(entity.get("user"), entity.get("client_id"), values))
+    return tuple(rules)
 
 
 def _upstream(data: Any, path: str) -> UpstreamConfig:

@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from quotas.entities import QuotaRule
+
 
 @dataclass(frozen=True)
 class UpstreamConfig:
@@ -35,7 +37,27 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True)
+class QuotaWindows:
+    """Kafka's broker settings for quota sampling, with Kafka's defaults."""
+
+    quota_window_num: int = 11
+    quota_window_size_seconds: int = 1
+    controller_quota_window_num: int = 11
+    controller_quota_window_size_seconds: int = 1
+
+
+@dataclass(frozen=True)
+class QuotaEntities:
+    # Kafka drops a quota sensor after one hour without use (ClientQuotaManager).
+    idle_seconds: float = 3600.0
+    max_live: int = 100_000
+
+
+@dataclass(frozen=True)
 class Config:
     upstream: UpstreamConfig
     listen: ListenConfig = field(default_factory=ListenConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    quota_windows: QuotaWindows = field(default_factory=QuotaWindows)
+    quota_entities: QuotaEntities = field(default_factory=QuotaEntities)
+    quotas: tuple[QuotaRule, ...] = ()

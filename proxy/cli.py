@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"invalid configuration: {exc}", file=sys.stderr)
         return 2
-    return _run(serve(config, args.ready_file))
+    return _run(serve(config, args.ready_file, args.config))
 
 
 def _run(coro) -> int:
@@ -65,7 +65,37 @@ def _run(coro) -> int:
     return uvloop.run(coro)
 
 
-async def serve(config, ready_file: str | None) -> int:
+def reload_from(path: str, server) -> bool:
+    """Re-reads ``path``; a valid file replaces the quotas, an invalid one is logged and ignored."""
+    try:
+        config = load_config(path)
+    except ConfigError as exc:
+        log.error("reload of %s rejected, the previous configuration stays in force: %s", path, exc)
+        return False
+    server.reload(config)
+    return True
+
+
+async def watch_config(path: str, server, interval_s: float = 1.0) -> None:
+    """Reloads when the file's modification time or size changes (no inotify needed)."""
+
+    def signature():
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        return st.st_mtime_ns, st.st_size
+
+    last = signature()
+    while True:
+        await asyncio.sleep(interval_s)
+        current = signature()
+        if current is not None and current != last:
+            last = current
+            reload_from(path, server)
+
+
+async def serve(config, ready_file: str | None, config_path: str | None = None) -> int:
     from .server import ProxyServer
 
     server = ProxyServer(config)
@@ -73,6 +103,9 @@ async def serve(config, ready_file: str | None) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    if config_path is not None:
+        loop.add_signal_handler(signal.SIGHUP, reload_from, config_path, server)
+        watcher = loop.create_task(watch_config(config_path, server))
     try:
         await server.start()
     except OSError as exc:
@@ -82,6 +115,8 @@ async def serve(config, ready_file: str | None) -> int:
         write_ready_file(ready_file, server)
     await stop.wait()
     log.info("stopping")
+    if config_path is not None:
+        watcher.cancel()
     await server.stop()
     return 0
 

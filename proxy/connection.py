@@ -22,6 +22,7 @@ from protocol.frames import FrameError, FrameReader
 from protocol.headers import HeaderError, parse_request_header, response_correlation_id
 from protocol.messages import DecodeError
 from protocol.produce import produce_acks
+from protocol.throttle import with_throttle
 from protocol.scan import ScanError
 
 from .filters.base import Answer, Close, Forward
@@ -60,7 +61,10 @@ class Session:
 class InFlight:
     """A request awaiting its response. ``response`` is set once the bytes to send are known."""
 
-    __slots__ = ("correlation_id", "api_key", "api_version", "received_at", "response", "raw")
+    __slots__ = (
+        "correlation_id", "api_key", "api_version", "received_at", "response", "raw",
+        "throttle_ms", "fetch_session",
+    )
 
     def __init__(self, correlation_id: int, api_key: int, api_version: int, received_at: float) -> None:
         self.correlation_id = correlation_id
@@ -69,6 +73,8 @@ class InFlight:
         self.received_at = received_at
         self.response: bytes | bytearray | memoryview | None = None
         self.raw = False  # a raw SASL token (SaslHandshake v0): no header, no correlation id
+        self.throttle_ms = 0  # the longest throttle the proxy's quotas asked for
+        self.fetch_session: tuple[int, int] | None = None  # Fetch v7+: (session id, epoch)
 
 
 
@@ -101,7 +107,7 @@ class ClientConnection(asyncio.Protocol):
     __slots__ = (
         "server", "cluster", "stats", "chain", "node_id", "session", "label", "transport",
         "upstream", "_reader", "_pending", "_awaiting_upstream", "_unsent", "_closed",
-        "_raw_sasl_frames", "_close_when_drained", "gate", "_connect_task",
+        "_raw_sasl_frames", "_close_when_drained", "gate", "_connect_task", "_muted_until", "_unmute",
     )
 
     def __init__(self, server: ProxyServer, node_id: int | None) -> None:
@@ -121,6 +127,8 @@ class ClientConnection(asyncio.Protocol):
         self._closed = False
         self._raw_sasl_frames = 0
         self._close_when_drained = False
+        self._muted_until = 0.0
+        self._unmute: asyncio.TimerHandle | None = None
         self.gate: ReadGate | None = None
         self._connect_task: asyncio.Task | None = None
 
@@ -175,12 +183,12 @@ class ClientConnection(asyncio.Protocol):
         self.session.client_id = header.client_id
         if header.body_offset < 0:
             self.stats.unknown_api_requests += 1
+        entry = InFlight(header.correlation_id, key, header.api_version, time.monotonic())
         for f in self.chain.request_filters(key):
-            decision = f.on_request(self, header, frame)
+            decision = f.on_request(self, header, frame, entry)
             if decision is None:
                 continue
             if isinstance(decision, Answer):
-                entry = InFlight(header.correlation_id, key, header.api_version, time.monotonic())
                 self._pending.append(entry)
                 self.stats.local_responses[key] += 1
                 self._complete(entry, decision.frame)
@@ -190,12 +198,14 @@ class ClientConnection(asyncio.Protocol):
                 return
             if isinstance(decision, Forward):
                 frame = decision.frame
-        expects_response = True
-        if key == ApiKey.PRODUCE and header.body_offset >= 0:
-            # acks=0: the broker sends nothing back, so nothing may wait for or invent a reply.
-            expects_response = produce_acks(frame, header.body_offset, header.api_version) != 0
-        if expects_response:
-            entry = InFlight(header.correlation_id, key, header.api_version, time.monotonic())
+        if key == ApiKey.PRODUCE and header.body_offset >= 0 and (
+            produce_acks(frame, header.body_offset, header.api_version) == 0
+        ):
+            # acks=0: the broker sends nothing back, so nothing may wait for or invent a reply;
+            # a throttle can only be enforced by muting (KIP-219).
+            if entry.throttle_ms:
+                self.mute(entry.throttle_ms)
+        else:
             self._pending.append(entry)
             self._awaiting_upstream.append(entry)
         out.append(_INT32.pack(len(frame)))
@@ -215,6 +225,24 @@ class ClientConnection(asyncio.Protocol):
         self._raw_sasl_frames -= 1
         out.append(_INT32.pack(len(frame)))
         out.append(frame)
+
+    def mute(self, throttle_ms: int) -> None:
+        """Stops reading from the client for ``throttle_ms`` (extends, never shortens, a mute)."""
+        if self._closed or throttle_ms <= 0:
+            return
+        loop = asyncio.get_running_loop()
+        until = loop.time() + throttle_ms / 1000
+        if until <= self._muted_until:
+            return
+        self._muted_until = until
+        self.gate.pause("mute")
+        if self._unmute is not None:
+            self._unmute.cancel()
+        self._unmute = loop.call_at(until, self._end_mute)
+
+    def _end_mute(self) -> None:
+        self._unmute = None
+        self.gate.resume("mute")
 
     def _on_raw_sasl_response(self, frame) -> None:
         # SaslHandshake v0 has no error field for the tokens: a broker that rejects closes.
@@ -303,6 +331,9 @@ class ClientConnection(asyncio.Protocol):
                 return
             for f in self.chain.response.get(entry.api_key, ()):
                 frame = f.on_response(self, entry, frame)
+            if entry.throttle_ms:
+                # KIP-219: throttle_time_ms = max(the broker's, every quota the proxy applied).
+                frame = with_throttle(entry.api_key, entry.api_version, frame, entry.throttle_ms)
         self._complete(entry, frame)
 
     def _complete(self, entry: InFlight, frame) -> None:
@@ -318,6 +349,8 @@ class ClientConnection(asyncio.Protocol):
             self.stats.latency[done.api_key].observe(time.monotonic() - done.received_at)
             if transport is not None and not self._closed:
                 _write(transport, (_INT32.pack(len(data)), data))
+                if done.throttle_ms:
+                    self.mute(done.throttle_ms)  # KIP-219: answer at once, then stop reading
         if self._close_when_drained and not pending:
             self._close()
 
@@ -360,6 +393,8 @@ class ClientConnection(asyncio.Protocol):
             return
         self._closed = True
         self.stats.open_connections -= 1
+        if self._unmute is not None:
+            self._unmute.cancel()
         if self.gate is not None:
             self.gate.release()
         self.server.connections.discard(self)

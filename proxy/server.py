@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+from dataclasses import replace
 
 from prometheus_client import CollectorRegistry
 
 from config.model import Config
+from quotas import QuotaManager
 
 from .cluster import Cluster
 from .connection import ClientConnection
@@ -18,17 +20,33 @@ from .filters.endpoints import EndpointRewriteFilter
 from .filters.sasl import SaslFilter
 from .http import MetricsEndpoint
 from .refresh import refresh_forever, refresh_once
+from .filters.quotas import RateQuotaFilter, now_ms
+from .quota_metrics import QuotaCollector
 from .stats import ProxyStats, StatsCollector
 
 log = logging.getLogger("proxy.server")
 
 
-def default_chain() -> FilterChain:
+def default_chain(quota_manager: QuotaManager) -> FilterChain:
     api_versions = ApiVersionsFilter()
     sasl = SaslFilter()
+    rates = RateQuotaFilter(quota_manager)
     return FilterChain(
-        request_filters=[api_versions, sasl],
-        response_filters=[api_versions, EndpointRewriteFilter(), sasl],
+        request_filters=[rates, api_versions, sasl],
+        response_filters=[rates, api_versions, EndpointRewriteFilter(), sasl],
+    )
+
+
+def quota_manager_for(config: Config) -> QuotaManager:
+    w = config.quota_windows
+    return QuotaManager(
+        config.quotas,
+        quota_window_num=w.quota_window_num,
+        quota_window_size_s=w.quota_window_size_seconds,
+        controller_quota_window_num=w.controller_quota_window_num,
+        controller_quota_window_size_s=w.controller_quota_window_size_seconds,
+        idle_ms=int(config.quota_entities.idle_seconds * 1000),
+        max_entities=config.quota_entities.max_live,
     )
 
 
@@ -37,8 +55,10 @@ class ProxyServer:
         self.config = config
         self.stats = ProxyStats()
         self.registry = registry if registry is not None else CollectorRegistry()
+        self.quotas = quota_manager_for(config)
         self.registry.register(StatsCollector(self.stats))
-        self.chain = default_chain()
+        self.registry.register(QuotaCollector(self.quotas, now_ms))
+        self.chain = default_chain(self.quotas)
         self.cluster = Cluster(config, self.stats, self._serve_node)
         self.connections: set[ClientConnection] = set()
         self._servers: list[asyncio.AbstractServer] = []
@@ -67,6 +87,21 @@ class ProxyServer:
         if not await refresh_once(self.cluster, self.stats, up.connect_timeout_s):
             log.warning("no bootstrap server answered yet; brokers will be learned when one does")
         self._spawn(refresh_forever(self.cluster, self.stats, up.metadata_refresh_interval_s, up.connect_timeout_s))
+        self._spawn(self._expire_quota_entities())
+
+    async def _expire_quota_entities(self) -> None:
+        while True:
+            await asyncio.sleep(60)
+            self.quotas.expire(now_ms())
+
+    def reload(self, config: Config) -> None:
+        """Applies the quotas of a new, already validated configuration; connections stay."""
+        before = self.config
+        self.quotas.replace_rules(config.quotas)
+        self.config = replace(before, quotas=config.quotas)
+        if replace(config, quotas=before.quotas) != before:
+            log.warning("reload applied the quotas only; other changed settings need a restart")
+        log.info("reloaded: %d quota entries in force", len(config.quotas))
 
     def _spawn(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)

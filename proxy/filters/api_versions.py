@@ -42,7 +42,7 @@ class ApiVersionsFilter:
         # A broker answers ApiVersions with the same body every time: rewrite each body once.
         self._rewritten: dict[tuple[int, bytes], bytes] = {}
 
-    def on_request(self, conn, header, frame):
+    def on_request(self, conn, header, frame, entry):
         if header.api_version > self.max_version:
             # Kafka answers an unknown ApiVersions version itself with v0 + UNSUPPORTED_VERSION
             # (ApiVersionsRequest.getErrorResponse), so the client retries at a known version.

@@ -1,7 +1,7 @@
 """Decisions, filter interfaces and the per-API chain.
 
-A request filter sees the parsed header and the raw frame and returns ``None`` (pass on to the
-next filter, then forward), :class:`Forward` with rewritten bytes, :class:`Answer` (the proxy
+A request filter sees the parsed header, the raw frame and the request's in-flight entry (where
+it may note a throttle) and returns ``None`` (pass on to the next filter, then forward), :class:`Forward` with rewritten bytes, :class:`Answer` (the proxy
 responds itself) or :class:`Close`. A response filter returns the frame to send on (the same
 object when it changed nothing). Frames here never include the 4-byte size prefix.
 """
@@ -39,7 +39,9 @@ RequestDecision = Forward | Answer | Close | None
 class RequestFilter(Protocol):
     api_keys: frozenset[int] | None  # None = every API
 
-    def on_request(self, conn: ClientConnection, header: RequestHeader, frame) -> RequestDecision: ...
+    def on_request(
+        self, conn: ClientConnection, header: RequestHeader, frame, entry: InFlight
+    ) -> RequestDecision: ...
 
 
 class ResponseFilter(Protocol):
@@ -64,7 +66,7 @@ class FilterChain:
                 for key in f.api_keys:
                     self.request[key] = self.request.get(key, self.request_all) + (f,)
         for f in response_filters:
-            for key in f.api_keys:
+            for key in getattr(f, "response_api_keys", f.api_keys):
                 self.response[key] = self.response.get(key, ()) + (f,)
 
     def request_filters(self, api_key: int) -> tuple[RequestFilter, ...]:

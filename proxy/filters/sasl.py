@@ -15,7 +15,7 @@ log = logging.getLogger("proxy.sasl")
 class SaslFilter:
     api_keys = frozenset({ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
 
-    def on_request(self, conn, header, frame):
+    def on_request(self, conn, header, frame, entry):
         req = decode_request(header.api_key, header.api_version, memoryview(frame)[header.body_offset :])
         session = conn.session
         if header.api_key == ApiKey.SASL_HANDSHAKE:

@@ -1,0 +1,36 @@
+"""FetchRequest fields read from the frame, and the empty response a throttled Fetch gets."""
+
+from __future__ import annotations
+
+from struct import Struct
+
+from kafka.protocol.consumer import FetchResponse
+
+from .messages import encode_body
+
+_TWO_INT32 = Struct(">ii")
+
+
+def fetch_session(frame, body_offset: int, api_version: int) -> tuple[int, int] | None:
+    """(session_id, session_epoch) of a FetchRequest v7+ (KIP-227), None before v7."""
+    if api_version < 7:
+        return None
+    pos = body_offset
+    if api_version < 15:
+        pos += 4  # replica_id, moved into a tagged ReplicaState in v15
+    pos += 4 + 4 + 4 + 1  # max_wait_ms, min_bytes, max_bytes, isolation_level
+    return _TWO_INT32.unpack_from(frame, pos)
+
+
+def throttled_fetch_body(api_version: int, throttle_ms: int, session: tuple[int, int] | None) -> bytes:
+    """An empty FetchResponse carrying ``throttle_ms``.
+
+    Follows Kafka's FetchContext.getThrottledResponse: an incremental fetch (epoch > 0) keeps
+    its session id, a full fetch gets INVALID_SESSION_ID (0), so either kind of session stays
+    consistent with what the client will send next.
+    """
+    session_id = session[0] if session is not None and session[1] > 0 else 0
+    resp = FetchResponse[api_version](
+        throttle_time_ms=throttle_ms, error_code=0, session_id=session_id, responses=[], node_endpoints=[]
+    )
+    return encode_body(resp)

@@ -1,0 +1,66 @@
+"""Setting a response's ``throttle_time_ms`` to max(the broker's, the proxy's) (KIP-219)."""
+
+from __future__ import annotations
+
+from struct import Struct
+
+from .apis import SPECS
+from .headers import response_body_offset
+from .messages import decode_response, encode_body
+
+_INT32 = Struct(">i")
+
+
+def _throttle_fields() -> tuple[dict[int, int], dict[int, int]]:
+    """API key -> first version carrying ThrottleTimeMs, split by whether it is the first field."""
+    first: dict[int, int] = {}
+    elsewhere: dict[int, int] = {}
+    for key, spec in SPECS.items():
+        fields = spec.response.json["fields"]
+        for i, f in enumerate(fields):
+            if f["name"] == "ThrottleTimeMs":
+                since = int(f["versions"].split("-")[0].rstrip("+"))
+                (first if i == 0 else elsewhere)[key] = since
+    return first, elsewhere
+
+
+_FIRST_FIELD_SINCE, _ELSEWHERE_SINCE = _throttle_fields()
+
+
+def has_throttle_field(api_key: int, api_version: int) -> bool:
+    since = _FIRST_FIELD_SINCE.get(api_key, _ELSEWHERE_SINCE.get(api_key))
+    return since is not None and api_version >= since
+
+
+def with_throttle(api_key: int, api_version: int, frame, throttle_ms: int):
+    """The response frame with ``throttle_time_ms`` raised to at least ``throttle_ms``.
+
+    Returns ``frame`` itself when the broker's value is already as high or the version has no
+    such field. When the field leads the body it is patched in place of a copy; otherwise
+    (Produce, ApiVersions, OffsetDelete) the small body is decoded and re-encoded.
+    """
+    if not has_throttle_field(api_key, api_version):
+        return frame
+    offset = response_body_offset(frame, api_key, api_version)
+    if api_key in _FIRST_FIELD_SINCE:
+        (current,) = _INT32.unpack_from(frame, offset)
+        if current >= throttle_ms:
+            return frame
+        patched = bytearray(frame)
+        _INT32.pack_into(patched, offset, throttle_ms)
+        return patched
+    resp = decode_response(api_key, api_version, memoryview(frame)[offset:])
+    if resp.throttle_time_ms >= throttle_ms:
+        return frame
+    resp.throttle_time_ms = throttle_ms
+    return bytes(frame[:offset]) + encode_body(resp)
+
+
+def throttle_of(api_key: int, api_version: int, frame) -> int:
+    """The broker's ``throttle_time_ms`` in a response frame (0 when the version has none)."""
+    if not has_throttle_field(api_key, api_version):
+        return 0
+    offset = response_body_offset(frame, api_key, api_version)
+    if api_key in _FIRST_FIELD_SINCE:
+        return _INT32.unpack_from(frame, offset)[0]
+    return decode_response(api_key, api_version, memoryview(frame)[offset:]).throttle_time_ms

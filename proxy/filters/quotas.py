@@ -1,0 +1,59 @@
+"""Rate quotas: request_rate on every request, producer_byte_rate on Produce, consumer_byte_rate
+on Fetch responses. Record, then check (Kafka's Sensor.record with checkQuotas); the throttle
+is noted on the request's entry and becomes the response's throttle_time_ms and a mute."""
+
+from __future__ import annotations
+
+import time
+
+from protocol.apis import ApiKey
+from protocol.fetch import fetch_session, throttled_fetch_body
+from protocol.headers import response_body_offset
+from quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, REQUEST_RATE, QuotaManager
+
+
+def now_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+class RateQuotaFilter:
+    api_keys = None  # request side: every API
+    response_api_keys = frozenset({ApiKey.FETCH})
+
+    def __init__(self, manager: QuotaManager, clock=now_ms) -> None:
+        self.manager = manager
+        self.clock = clock
+
+    def on_request(self, conn, header, frame, entry):
+        manager = self.manager
+        if not manager.rules:
+            return None
+        user, client_id = conn.session.principal, header.client_id or ""
+        now = self.clock()
+        throttle = manager.check_and_record(user, client_id, REQUEST_RATE, 1, now).throttle_ms
+        key = header.api_key
+        if key == ApiKey.PRODUCE:
+            # ClientQuotaManager records a Produce's request size (KafkaApis.handleProduceRequest).
+            produced = manager.check_and_record(user, client_id, PRODUCER_BYTE_RATE, len(frame), now)
+            throttle = max(throttle, produced.throttle_ms)
+        elif key == ApiKey.FETCH and header.body_offset >= 0:
+            entry.fetch_session = fetch_session(frame, header.body_offset, header.api_version)
+        if throttle > entry.throttle_ms:
+            entry.throttle_ms = throttle
+        return None
+
+    def on_response(self, conn, entry, frame):
+        manager = self.manager
+        if not manager.rules:
+            return frame
+        user, client_id = conn.session.principal, conn.session.client_id or ""
+        now = self.clock()
+        size = len(frame)
+        throttle = manager.check_and_record(user, client_id, CONSUMER_BYTE_RATE, size, now).throttle_ms
+        if throttle <= 0:
+            return frame
+        # KafkaApis: a fetch over its byte quota is answered empty, and its bytes un-recorded.
+        manager.unrecord(user, client_id, CONSUMER_BYTE_RATE, size, now)
+        entry.throttle_ms = max(entry.throttle_ms, throttle)
+        offset = response_body_offset(frame, entry.api_key, entry.api_version)
+        return bytes(frame[:offset]) + throttled_fetch_body(entry.api_version, entry.throttle_ms, entry.fetch_session)
