@@ -12,7 +12,7 @@ import yaml
 from quotas.common import ALL_KINDS, PRODUCER_IDS_RATE, USER_LEVEL_ONLY_KINDS
 from quotas.entities import QuotaRule
 
-from .model import Config, ListenConfig, MetricsConfig, QuotaEntities, QuotaWindows, UpstreamConfig
+from .model import Config, ControllerMutation, ListenConfig, MetricsConfig, QuotaEntities, QuotaWindows, UpstreamConfig
 
 
 class ConfigError(ValueError):
@@ -37,7 +37,7 @@ def load_config(file: str | Path) -> Config:
 
 
 def parse_config(data: Any) -> Config:
-    root = _mapping(data, "$", {"upstream", "listen", "metrics", "quota_windows", "quota_entities", "quotas"})
+    root = _mapping(data, "$", {"upstream", "listen", "metrics", "quota_windows", "quota_entities", "quotas", "controller_mutation"})
     if "upstream" not in root:
         raise ConfigError("upstream", "is required")
     return Config(
@@ -47,6 +47,15 @@ def parse_config(data: Any) -> Config:
         quota_windows=_quota_windows(root.get("quota_windows", {}), "quota_windows"),
         quota_entities=_quota_entities(root.get("quota_entities", {}), "quota_entities"),
         quotas=_quotas(root.get("quotas", []), "quotas"),
+        controller_mutation=_controller_mutation(root.get("controller_mutation", {}), "controller_mutation"),
+    )
+
+
+def _controller_mutation(data: Any, path: str) -> ControllerMutation:
+    m = _mapping(data, path, {"num_partitions_fallback"})
+    d = ControllerMutation()
+    return ControllerMutation(
+        num_partitions_fallback=_int(m, "num_partitions_fallback", path, d.num_partitions_fallback, 1, 1_000_000)
     )
 
 

@@ -54,6 +54,13 @@ class QuotaEntities:
 
 
 @dataclass(frozen=True)
+class ControllerMutation:
+    # Charged for CreateTopics with NumPartitions = -1 when the broker's num.partitions cannot
+    # be read with DescribeConfigs.
+    num_partitions_fallback: int = 1
+
+
+@dataclass(frozen=True)
 class Config:
     upstream: UpstreamConfig
     listen: ListenConfig = field(default_factory=ListenConfig)
@@ -61,3 +68,4 @@ class Config:
     quota_windows: QuotaWindows = field(default_factory=QuotaWindows)
     quota_entities: QuotaEntities = field(default_factory=QuotaEntities)
     quotas: tuple[QuotaRule, ...] = ()
+    controller_mutation: ControllerMutation = field(default_factory=ControllerMutation)

@@ -25,7 +25,7 @@ from protocol.produce import produce_acks
 from protocol.throttle import with_throttle
 from protocol.scan import ScanError
 
-from .filters.base import Answer, Close, Forward
+from .filters.base import Answer, Close, Defer, Forward
 from .flow import ReadGate
 from .principal import ANONYMOUS, SaslError, principal_from_client_token, scram_exchange_complete
 
@@ -63,7 +63,7 @@ class InFlight:
 
     __slots__ = (
         "correlation_id", "api_key", "api_version", "received_at", "response", "raw",
-        "throttle_ms", "fetch_session",
+        "throttle_ms", "fetch_session", "on_response",
     )
 
     def __init__(self, correlation_id: int, api_key: int, api_version: int, received_at: float) -> None:
@@ -75,6 +75,7 @@ class InFlight:
         self.raw = False  # a raw SASL token (SaslHandshake v0): no header, no correlation id
         self.throttle_ms = 0  # the longest throttle the proxy's quotas asked for
         self.fetch_session: tuple[int, int] | None = None  # Fetch v7+: (session id, epoch)
+        self.on_response = None  # a request filter's own rewrite of this request's response
 
 
 
@@ -108,6 +109,7 @@ class ClientConnection(asyncio.Protocol):
         "server", "cluster", "stats", "chain", "node_id", "session", "label", "transport",
         "upstream", "_reader", "_pending", "_awaiting_upstream", "_unsent", "_closed",
         "_raw_sasl_frames", "_close_when_drained", "gate", "_connect_task", "_muted_until", "_unmute",
+        "_deferred", "_held", "_held_error",
     )
 
     def __init__(self, server: ProxyServer, node_id: int | None) -> None:
@@ -128,6 +130,9 @@ class ClientConnection(asyncio.Protocol):
         self._raw_sasl_frames = 0
         self._close_when_drained = False
         self._muted_until = 0.0
+        self._deferred: asyncio.Task | None = None
+        self._held: list[bytes] = []  # frames that arrived while a request was deferred
+        self._held_error: FrameError | None = None
         self._unmute: asyncio.TimerHandle | None = None
         self.gate: ReadGate | None = None
         self._connect_task: asyncio.Task | None = None
@@ -151,10 +156,23 @@ class ClientConnection(asyncio.Protocol):
             frames = self._reader.feed(data)
         except FrameError as exc:
             frames, bad_frame = exc.frames, exc
+        if self._deferred is not None:
+            # A deferred request is being decided: later frames wait their turn.
+            self._held.extend(bytes(f) for f in frames)
+            if bad_frame is not None:
+                self._held_error = bad_frame
+            return
+        self._process(frames, bad_frame)
+
+    def _process(self, frames, bad_frame) -> None:
         out: list = []
-        for frame in frames:
+        for i, frame in enumerate(frames):
             if self._closed:
                 return
+            if self._deferred is not None:
+                self._held.extend(bytes(f) for f in frames[i:])
+                self._held_error = bad_frame
+                break
             if self._raw_sasl_frames:
                 self._forward_raw_sasl(frame, out)
                 continue
@@ -173,7 +191,7 @@ class ClientConnection(asyncio.Protocol):
                 return
         if out:
             self._send_upstream(out)
-        if bad_frame is not None:
+        if bad_frame is not None and self._deferred is None:
             self._reject("bad_frame", str(bad_frame), drain=True)
 
     def _on_request(self, frame, out: list) -> None:
@@ -184,10 +202,17 @@ class ClientConnection(asyncio.Protocol):
         if header.body_offset < 0:
             self.stats.unknown_api_requests += 1
         entry = InFlight(header.correlation_id, key, header.api_version, time.monotonic())
-        for f in self.chain.request_filters(key):
+        self._apply_filters(header, frame, entry, self.chain.request_filters(key), out)
+
+    def _apply_filters(self, header, frame, entry: InFlight, filters, out: list) -> None:
+        key = header.api_key
+        for i, f in enumerate(filters):
             decision = f.on_request(self, header, frame, entry)
             if decision is None:
                 continue
+            if isinstance(decision, Defer):
+                self._defer(decision, header, frame, entry, filters[i + 1 :])
+                return
             if isinstance(decision, Answer):
                 self._pending.append(entry)
                 self.stats.local_responses[key] += 1
@@ -210,6 +235,43 @@ class ClientConnection(asyncio.Protocol):
             self._awaiting_upstream.append(entry)
         out.append(_INT32.pack(len(frame)))
         out.append(frame)
+
+    def _defer(self, decision: Defer, header, frame, entry: InFlight, rest) -> None:
+        self.gate.pause("deferred")
+        self._deferred = asyncio.get_running_loop().create_task(decision.decision)
+        frame = bytes(frame)  # the chunk it came in is not ours to keep
+        self._deferred.add_done_callback(lambda task: self._resume_deferred(task, header, frame, entry, rest))
+
+    def _resume_deferred(self, task: asyncio.Task, header, frame, entry: InFlight, rest) -> None:
+        self._deferred = None
+        if self._closed or task.cancelled():
+            return
+        if task.exception() is not None:
+            log.error("deferred filter failed on %s: %r; closing it", self.label, task.exception())
+            self._reject("filter_error", "deferred filter raised")
+            return
+        out: list = []
+
+        class _Decided:  # replays the awaited decision, then the filters after it
+            api_keys = None
+
+            @staticmethod
+            def on_request(conn, header, frame, entry):
+                return task.result()
+
+        try:
+            self._apply_filters(header, frame, entry, (_Decided, *rest), out)
+        except Exception:
+            log.exception("request filter failed on %s; closing it", self.label)
+            self._reject("filter_error", "filter raised")
+            return
+        if out:
+            self._send_upstream(out)
+        held, self._held = self._held, []
+        error, self._held_error = self._held_error, None
+        if self._deferred is None:
+            self.gate.resume("deferred")
+        self._process(held, error)
 
     def _forward_raw_sasl(self, frame, out: list) -> None:
         session = self.session
@@ -331,6 +393,8 @@ class ClientConnection(asyncio.Protocol):
                 return
             for f in self.chain.response.get(entry.api_key, ()):
                 frame = f.on_response(self, entry, frame)
+            if entry.on_response is not None:
+                frame = entry.on_response(frame)
             if entry.throttle_ms:
                 # KIP-219: throttle_time_ms = max(the broker's, every quota the proxy applied).
                 frame = with_throttle(entry.api_key, entry.api_version, frame, entry.throttle_ms)
@@ -400,6 +464,8 @@ class ClientConnection(asyncio.Protocol):
         self.server.connections.discard(self)
         if self._connect_task is not None and not self._connect_task.done():
             self._connect_task.cancel()
+        if self._deferred is not None:
+            self._deferred.cancel()
         if self.upstream is not None and self.upstream.transport is not None:
             self.upstream.transport.close()
         self._pending.clear()

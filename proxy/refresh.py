@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from struct import Struct
 
+from kafka.protocol.admin import DescribeConfigsRequest
 from kafka.protocol.metadata import ApiVersionsRequest, MetadataRequest
 
 from protocol.apis import SPECS, ApiKey
@@ -49,6 +51,43 @@ async def fetch_brokers(address: tuple[str, int], timeout_s: float) -> list[tupl
             request = MetadataRequest[version](topics=[], allow_auto_topic_creation=False)
             metadata = await _round_trip(reader, writer, request, 2)
             return [(b.node_id, b.host, b.port) for b in metadata.brokers]
+    finally:
+        writer.close()
+
+
+async def fetch_topics(address: tuple[str, int], names: list[str], ids: list, timeout_s: float):
+    """Metadata for the given topic names and ids (ids need Metadata v10+); returns the
+    response's topics."""
+    reader, writer = await asyncio.wait_for(asyncio.open_connection(*address), timeout_s)
+    try:
+        async with asyncio.timeout(timeout_s):
+            versions = await _round_trip(reader, writer, ApiVersionsRequest[0](), 1)
+            ranges = {e.api_key: (e.min_version, e.max_version) for e in versions.api_keys}
+            version = min(ranges.get(ApiKey.METADATA, (0, 0))[1], SPECS[ApiKey.METADATA].max_version)
+            T = MetadataRequest[version].MetadataRequestTopic
+            topics = [T(name=n, topic_id=uuid.UUID(int=0)) for n in names]
+            if ids and version >= 10:
+                topics += [T(name=None, topic_id=i) for i in ids]
+            request = MetadataRequest[version](topics=topics, allow_auto_topic_creation=False)
+            return (await _round_trip(reader, writer, request, 2)).topics
+    finally:
+        writer.close()
+
+
+async def fetch_num_partitions(address: tuple[str, int], node_id: int, timeout_s: float) -> int | None:
+    """The broker's ``num.partitions`` (what CreateTopics with NumPartitions = -1 gets)."""
+    reader, writer = await asyncio.wait_for(asyncio.open_connection(*address), timeout_s)
+    try:
+        async with asyncio.timeout(timeout_s):
+            R = DescribeConfigsRequest[1].DescribeConfigsResource
+            resource = R(resource_type=4, resource_name=str(node_id), configuration_keys=["num.partitions"])
+            request = DescribeConfigsRequest[1](resources=[resource], include_synonyms=False)
+            resp = await _round_trip(reader, writer, request, 3)
+            for result in resp.results:
+                for c in result.configs or ():
+                    if c.name == "num.partitions" and c.value and c.value.strip().isdigit():
+                        return int(c.value)
+            return None
     finally:
         writer.close()
 

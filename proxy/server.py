@@ -20,20 +20,26 @@ from .filters.endpoints import EndpointRewriteFilter
 from .filters.sasl import SaslFilter
 from .http import MetricsEndpoint
 from .refresh import refresh_forever, refresh_once
+from .filters.controller_mutation import ControllerMutationFilter
 from .filters.quotas import RateQuotaFilter, now_ms
+from .topics import TopicCache
 from .quota_metrics import QuotaCollector
 from .stats import ProxyStats, StatsCollector
 
 log = logging.getLogger("proxy.server")
 
 
-def default_chain(quota_manager: QuotaManager) -> FilterChain:
+def default_chain(config: Config, quota_manager: QuotaManager, topics: TopicCache) -> FilterChain:
     api_versions = ApiVersionsFilter()
     sasl = SaslFilter()
     rates = RateQuotaFilter(quota_manager)
+    mutations = ControllerMutationFilter(
+        quota_manager, topics, config.controller_mutation.num_partitions_fallback,
+        config.upstream.connect_timeout_s,
+    )
     return FilterChain(
-        request_filters=[rates, api_versions, sasl],
-        response_filters=[rates, api_versions, EndpointRewriteFilter(), sasl],
+        request_filters=[rates, api_versions, sasl, mutations],
+        response_filters=[rates, api_versions, EndpointRewriteFilter(), sasl, mutations],
     )
 
 
@@ -58,7 +64,8 @@ class ProxyServer:
         self.quotas = quota_manager_for(config)
         self.registry.register(StatsCollector(self.stats))
         self.registry.register(QuotaCollector(self.quotas, now_ms))
-        self.chain = default_chain(self.quotas)
+        self.topics = TopicCache()
+        self.chain = default_chain(config, self.quotas, self.topics)
         self.cluster = Cluster(config, self.stats, self._serve_node)
         self.connections: set[ClientConnection] = set()
         self._servers: list[asyncio.AbstractServer] = []

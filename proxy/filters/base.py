@@ -8,7 +8,7 @@ object when it changed nothing). Frames here never include the 4-byte size prefi
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -33,7 +33,15 @@ class Close:
     reason: str
 
 
-RequestDecision = Forward | Answer | Close | None
+@dataclass(frozen=True, slots=True)
+class Defer:
+    """The decision needs I/O first (e.g. a topic's partition count): the connection stops
+    reading, awaits ``decision`` and applies it, keeping request order."""
+
+    decision: Awaitable
+
+
+RequestDecision = Forward | Answer | Close | Defer | None
 
 
 class RequestFilter(Protocol):

@@ -29,5 +29,7 @@ class EndpointRewriteFilter:
             if not _SCANNERS[key](memoryview(frame)[offset:], version).node_endpoints:
                 return frame
         resp = decode_response(key, version, memoryview(frame)[offset:])
+        if key == ApiKey.METADATA:
+            conn.server.topics.observe_metadata(resp)
         rewrite.ENDPOINT_REWRITERS[key](resp, conn.cluster.advertise)
         return bytes(frame[:offset]) + encode_body(resp)
