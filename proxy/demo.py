@@ -50,6 +50,34 @@ def _client_round(bootstrap: str) -> dict:
     return {"produced": RECORDS, "produce_s": produced_s, "consumed": consumed}
 
 
+def _topic_storm(bootstrap: str, rounds: int = 6, per_round: int = 10, partitions: int = 2) -> list[dict]:
+    """A tenant ("storm") creating topics in a loop with CreateTopics v7 (strict, KIP-599)."""
+    import socket
+    import struct
+
+    from kafka.protocol.admin import CreateTopicsRequest, CreateTopicsResponse
+
+    host, port = bootstrap.rsplit(":", 1)
+    seen = []
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        for r in range(rounds):
+            T = CreateTopicsRequest[7].CreatableTopic
+            topics = [T(name=f"storm-{r}-{i}", num_partitions=partitions, replication_factor=1,
+                        assignments=[], configs=[]) for i in range(per_round)]
+            req = CreateTopicsRequest[7](topics=topics, timeout_ms=10_000, validate_only=False)
+            req.with_header(correlation_id=r, client_id="storm")
+            sent = time.monotonic()
+            s.sendall(bytes(req.encode(header=True, framed=True)))
+            (size,) = struct.unpack(">i", s.recv(4, socket.MSG_WAITALL))
+            frame = s.recv(size, socket.MSG_WAITALL)
+            waited_ms = (time.monotonic() - sent) * 1000
+            resp = CreateTopicsResponse.decode(memoryview(frame)[5:], version=7)  # header v1
+            errors = [t.error_code for t in resp.topics]
+            seen.append({"admitted": errors.count(0), "rejected": errors.count(89),
+                         "throttle_ms": resp.throttle_time_ms, "waited_ms": waited_ms})
+    return seen
+
+
 def _metric_lines(url: str, prefixes: tuple[str, ...]) -> list[str]:
     with urllib.request.urlopen(url, timeout=5) as resp:
         text = resp.read().decode()
@@ -63,6 +91,8 @@ async def run_demo(duration_s: float | None) -> int:
         "upstream": {"bootstrap_servers": [broker.bootstrap]},
         "listen": {"bootstrap_port": 0, "broker_port_base": 0},
         "metrics": {"port": 0},
+        # KIP-599: the "storm" tenant may create or delete 4 partitions per second (burst 44).
+        "quotas": [{"user": "<default>", "client_id": "storm", "controller_mutation_rate": 4}],
     })
     server = ProxyServer(config)
     try:
@@ -75,8 +105,14 @@ async def run_demo(duration_s: float | None) -> int:
             f"through the proxy: created topic {TOPIC!r}, produced {result['produced']} records "
             f"in {result['produce_s']:.2f} s, consumed {result['consumed']} back"
         )
+        print("\ntenant 'storm' (controller_mutation_rate 4/s, burst 44) creates 10 topics x 2 "
+              "partitions per request, back to back:")
+        for i, r in enumerate(await asyncio.to_thread(_topic_storm, bootstrap)):
+            print(f"   request {i + 1}: {r['admitted']:2d} admitted, {r['rejected']:2d} rejected with "
+                  f"THROTTLING_QUOTA_EXCEEDED, throttle_time_ms={r['throttle_ms']}, "
+                  f"answered after {r['waited_ms']:.0f} ms")
         lines = await asyncio.to_thread(
-            _metric_lines, metrics_url, ("kqp_requests_total", "kqp_bytes_total")
+            _metric_lines, metrics_url, ("kqp_requests_total", "kqp_bytes_total", "kqp_quota_")
         )
         print("proxy metrics after the round:")
         for line in lines:
