@@ -251,7 +251,7 @@ class Launcher:
         raise RuntimeError(f"could not start a pumped broker: {last}")
 
     def our_proxy(self, upstream: tuple[str, int], name: str = "kafka-quota-proxy",
-                  log_level: str = "warning") -> Proc:
+                  log_level: str = "warning", extra_yaml: str = "") -> Proc:
         n = self._n + 1
         cfg = self.workdir / f"{name}-{n}.yaml"
         ready = self.workdir / f"{name}-{n}.ready.json"
@@ -266,6 +266,7 @@ class Launcher:
             "metrics:\n"
             "  host: 127.0.0.1\n"
             "  port: 0\n"
+            + extra_yaml
         )
         argv = [sys.executable, "-m", "proxy", "run", "--config", str(cfg), "--ready-file", str(ready),
                 "--log-level", log_level]

@@ -9,6 +9,7 @@ Configurations (each gets a fresh Tansu broker, so runs do not influence each ot
                      which advertises the pump's port so clients stay inside it
   kafka-quota-proxy  this project, ``python -m proxy run``
   tansu-proxy        Tansu's Rust proxy, ``tansu proxy``
+  proxy-with-quotas  this project with quotas on every client, set so high they never throttle
 
 The benchmark client is this process; broker, pump and proxies are subprocesses.
 Results go to bench/results/latest.json (and are printed).
@@ -33,7 +34,18 @@ from pathlib import Path
 from . import clients
 from .procs import Launcher, Proc, cpu_seconds, raise_nofile, rss_kib, system_busy_seconds, tansu_binary
 
-CONFIGS = ("direct", "byte-pump", "kafka-quota-proxy", "tansu-proxy")
+CONFIGS = ("direct", "byte-pump", "kafka-quota-proxy", "tansu-proxy", "proxy-with-quotas")
+# Every client of the benchmark falls under these quotas, set far above what it can reach, so
+# each request pays for the quota decisions without ever being throttled.
+QUOTAS_NOT_EXCEEDED = (
+    "quotas:\n"
+    "  - user: \"<default>\"\n"
+    "    client_id: \"<default>\"\n"
+    "    producer_byte_rate: 1000000000000\n"
+    "    consumer_byte_rate: 1000000000000\n"
+    "    request_rate: 1000000000\n"
+    "    controller_mutation_rate: 1000000\n"
+)
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
@@ -69,6 +81,8 @@ def start_config(launcher: Launcher, name: str) -> tuple[tuple[str, int], Proc, 
     broker = launcher.tansu_broker()
     if name == "kafka-quota-proxy":
         proxy = launcher.our_proxy(broker.address)
+    elif name == "proxy-with-quotas":
+        proxy = launcher.our_proxy(broker.address, name=name, extra_yaml=QUOTAS_NOT_EXCEEDED)
     elif name == "tansu-proxy":
         proxy = launcher.tansu_proxy(broker.address)
     else:
@@ -379,6 +393,10 @@ def derived(results: dict[str, dict]) -> dict:
         pt = _get(tproxy, (key, "records_per_s"))
         out[f"{key} proxy/pump"] = {"value": px / pp if px and pp else None, "target": ">= 0.95"}
         out[f"{key} proxy/tansu-proxy"] = {"value": px / pt if px and pt else None, "target": None}
+    quota = results.get("proxy-with-quotas", {})
+    for key in ("produce_100B", "produce_1KiB"):
+        pq, pd = _get(quota, (key, "records_per_s")), _get(direct, (key, "records_per_s"))
+        out[f"{key} proxy-with-quotas/direct"] = {"value": pq / pd if pq and pd else None, "target": ">= 0.85"}
     for key, field in (("rtt_api_versions", "mid_cpu_us_per_request"), ("rtt_produce", "mid_cpu_us_per_request"),
                        ("produce_100B", "server_cpu_ns_per_record"), ("produce_1KiB", "server_cpu_ms_per_mb"),
                        ("consume_100B", "server_cpu_ns_per_record"), ("consume_1KiB", "server_cpu_ms_per_mb")):

@@ -1,9 +1,11 @@
 """Decisions per second of QuotaManager.check_and_record / try_admit (not a test: no timing
-assertions anywhere). Run: ``python -m tests.unit.quotas.bench_decisions``."""
+assertions anywhere), and memory per live quota entity. Run: ``python -m bench.quota_decisions``."""
 
 from __future__ import annotations
 
+import gc
 import time
+import tracemalloc
 
 from quotas import CONTROLLER_MUTATION_RATE, DEFAULT, PRODUCER_BYTE_RATE, QuotaManager, QuotaRule
 
@@ -52,6 +54,23 @@ def main() -> None:
     start = time.perf_counter()
     stats = qm.entity_stats(1_000)
     print(f"entity_stats over {len(stats):,} entities: {(time.perf_counter() - start) * 1e3:.1f} ms")
+    _memory_per_entity(many)
+
+
+def _memory_per_entity(calls: list[tuple[str, str]]) -> None:
+    """Bytes held per live entity (windowed-rate state + entity table), by tracemalloc."""
+    for kind in (PRODUCER_BYTE_RATE, CONTROLLER_MUTATION_RATE):
+        gc.collect()
+        tracemalloc.start()
+        qm = QuotaManager(RULES)
+        before = tracemalloc.get_traced_memory()[0]
+        for i, (user, client) in enumerate(calls):
+            qm.check_and_record(user, client, kind, 1000, i)
+        gc.collect()
+        after = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+        print(f"memory per live entity ({kind}): {(after - before) / qm.live_entities:,.0f} bytes "
+              f"({qm.live_entities:,} entities)")
 
 
 if __name__ == "__main__":
