@@ -22,6 +22,25 @@ def fetch_session(frame, body_offset: int, api_version: int) -> tuple[int, int] 
     return _TWO_INT32.unpack_from(frame, pos)
 
 
+_INT32 = Struct(">i")
+
+
+def cap_fetch_bytes(frame, body_offset: int, api_version: int, cap_bytes: int):
+    """The FetchRequest frame with max_bytes (v3+) and min_bytes lowered to ``cap_bytes``;
+    ``frame`` itself when both are already within it."""
+    pos = body_offset + (4 if api_version < 15 else 0) + 4  # replica_id, max_wait_ms
+    (min_bytes,) = _INT32.unpack_from(frame, pos)
+    max_pos = pos + 4 if api_version >= 3 else None
+    max_bytes = _INT32.unpack_from(frame, max_pos)[0] if max_pos is not None else None
+    if min_bytes <= cap_bytes and (max_bytes is None or max_bytes <= cap_bytes):
+        return frame
+    out = bytearray(frame)
+    _INT32.pack_into(out, pos, min(min_bytes, cap_bytes))
+    if max_pos is not None:
+        _INT32.pack_into(out, max_pos, min(max_bytes, cap_bytes))
+    return out
+
+
 def throttled_fetch_body(api_version: int, throttle_ms: int, session: tuple[int, int] | None) -> bytes:
     """An empty FetchResponse carrying ``throttle_ms``.
 

@@ -51,4 +51,8 @@ def encode_body(message: ApiMessage) -> bytes:
     it decodes at kafka-python's versions, so only a broker that adds tags to a version it
     already shipped can lose one (README, "Known limits").
     """
+    if not hasattr(message, "_header"):
+        # A decoded message has no header slot set, and some kafka-python encoders
+        # (DeleteTopicsRequest) pass version= explicitly, whose setter reads it.
+        message._header = None
     return bytes(message.encode())

@@ -63,7 +63,7 @@ class InFlight:
 
     __slots__ = (
         "correlation_id", "api_key", "api_version", "received_at", "response", "raw",
-        "throttle_ms", "fetch_session", "on_response",
+        "throttle_ms", "fetch_session", "on_response", "note",
     )
 
     def __init__(self, correlation_id: int, api_key: int, api_version: int, received_at: float) -> None:
@@ -76,6 +76,7 @@ class InFlight:
         self.throttle_ms = 0  # the longest throttle the proxy's quotas asked for
         self.fetch_session: tuple[int, int] | None = None  # Fetch v7+: (session id, epoch)
         self.on_response = None  # a request filter's own rewrite of this request's response
+        self.note = None  # what a request filter wants to remember for the response
 
 
 
@@ -109,7 +110,7 @@ class ClientConnection(asyncio.Protocol):
         "server", "cluster", "stats", "chain", "node_id", "session", "label", "transport",
         "upstream", "_reader", "_pending", "_awaiting_upstream", "_unsent", "_closed",
         "_raw_sasl_frames", "_close_when_drained", "gate", "_connect_task", "_muted_until", "_unmute",
-        "_deferred", "_held", "_held_error",
+        "_deferred", "_held", "_held_error", "_acks0",
     )
 
     def __init__(self, server: ProxyServer, node_id: int | None) -> None:
@@ -133,6 +134,7 @@ class ClientConnection(asyncio.Protocol):
         self._deferred: asyncio.Task | None = None
         self._held: list[bytes] = []  # frames that arrived while a request was deferred
         self._held_error: FrameError | None = None
+        self._acks0: deque[int] = deque(maxlen=256)  # correlation ids of recent acks=0 Produces
         self._unmute: asyncio.TimerHandle | None = None
         self.gate: ReadGate | None = None
         self._connect_task: asyncio.Task | None = None
@@ -228,6 +230,7 @@ class ClientConnection(asyncio.Protocol):
         ):
             # acks=0: the broker sends nothing back, so nothing may wait for or invent a reply;
             # a throttle can only be enforced by muting (KIP-219).
+            self._acks0.append(header.correlation_id)
             if entry.throttle_ms:
                 self.mute(entry.throttle_ms)
         else:
@@ -380,6 +383,12 @@ class ClientConnection(asyncio.Protocol):
         self._close()
 
     def on_upstream_frame(self, frame) -> None:
+        if self._acks0 and len(frame) >= 4 and response_correlation_id(frame) in self._acks0:
+            # Kafka never answers acks=0, but some brokers (Tansu 0.6) do: the client expects
+            # nothing, so the answer is dropped rather than taken for another request's.
+            if not self._awaiting_upstream or self._awaiting_upstream[0].correlation_id != response_correlation_id(frame):
+                self._acks0.remove(response_correlation_id(frame))
+                return
         if not self._awaiting_upstream:
             self._upstream_failed(f"unsolicited response of {len(frame)} bytes")
             return

@@ -32,7 +32,8 @@ log = logging.getLogger("proxy.server")
 def default_chain(config: Config, quota_manager: QuotaManager, topics: TopicCache) -> FilterChain:
     api_versions = ApiVersionsFilter()
     sasl = SaslFilter()
-    rates = RateQuotaFilter(quota_manager)
+    w = config.quota_windows
+    rates = RateQuotaFilter(quota_manager, max(w.quota_window_num - 1, 1) * w.quota_window_size_seconds)
     mutations = ControllerMutationFilter(
         quota_manager, topics, config.controller_mutation.num_partitions_fallback,
         config.upstream.connect_timeout_s,

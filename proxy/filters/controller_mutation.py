@@ -31,6 +31,7 @@ log = logging.getLogger("proxy.kip599")
 
 # First strict version per API (KIP-599).
 STRICT_SINCE = {ApiKey.CREATE_TOPICS: 6, ApiKey.CREATE_PARTITIONS: 3, ApiKey.DELETE_TOPICS: 5}
+VALIDATE_ONLY = object()
 THROTTLED_MESSAGE = "The throttling quota has been exceeded."  # Kafka's Errors default message
 
 
@@ -54,12 +55,15 @@ class ControllerMutationFilter:
     # -- request side -----------------------------------------------------------------------
 
     def on_request(self, conn, header, frame, entry):
-        user, client_id = conn.session.principal, header.client_id or ""
-        if header.body_offset < 0 or self.manager.resolve(user, client_id, CONTROLLER_MUTATION_RATE) is None:
+        if header.body_offset < 0:
             return None
         req = decode_request(header.api_key, header.api_version, memoryview(frame)[header.body_offset :])
         if getattr(req, "validate_only", False):
+            entry.note = VALIDATE_ONLY  # its response must not teach the topic cache anything
             return None  # KIP-599: validation is not a mutation
+        user, client_id = conn.session.principal, header.client_id or ""
+        if self.manager.resolve(user, client_id, CONTROLLER_MUTATION_RATE) is None:
+            return None
         topics = self._topics(header.api_key, header.api_version, req)
         if any(t.mutations is None for t in topics):
             return Defer(self._after_lookup(conn, header, frame, req, entry, topics))
@@ -143,11 +147,15 @@ class ControllerMutationFilter:
     # -- response side: keep the partition counts current -----------------------------------
 
     def on_response(self, conn, entry, frame):
-        if entry.api_key == ApiKey.CREATE_PARTITIONS:
+        if entry.note is VALIDATE_ONLY:
             return frame
         offset = response_body_offset(frame, entry.api_key, entry.api_version)
         resp = decode_response(entry.api_key, entry.api_version, memoryview(frame)[offset:])
-        if entry.api_key == ApiKey.CREATE_TOPICS:
+        if entry.api_key == ApiKey.CREATE_PARTITIONS:
+            for t in resp.results:
+                if t.error_code == 0:
+                    self.topics.forget(t.name)  # the new count is learned at the next lookup
+        elif entry.api_key == ApiKey.CREATE_TOPICS:
             for t in resp.topics:
                 if t.error_code == 0 and getattr(t, "num_partitions", -1) > 0:
                     self.topics.put(t.name, t.num_partitions, getattr(t, "topic_id", None))

@@ -7,8 +7,9 @@ from __future__ import annotations
 import time
 
 from protocol.apis import ApiKey
-from protocol.fetch import fetch_session, throttled_fetch_body
+from protocol.fetch import cap_fetch_bytes, fetch_session, throttled_fetch_body
 from protocol.headers import response_body_offset
+from .base import Forward
 from quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, REQUEST_RATE, QuotaManager
 
 
@@ -20,8 +21,9 @@ class RateQuotaFilter:
     api_keys = None  # request side: every API
     response_api_keys = frozenset({ApiKey.FETCH})
 
-    def __init__(self, manager: QuotaManager, clock=now_ms) -> None:
+    def __init__(self, manager: QuotaManager, max_value_window_s: float, clock=now_ms) -> None:
         self.manager = manager
+        self.max_value_window_s = max_value_window_s  # (quota_window_num - 1) x window size
         self.clock = clock
 
     def on_request(self, conn, header, frame, entry):
@@ -38,9 +40,23 @@ class RateQuotaFilter:
             throttle = max(throttle, produced.throttle_ms)
         elif key == ApiKey.FETCH and header.body_offset >= 0:
             entry.fetch_session = fetch_session(frame, header.body_offset, header.api_version)
+            if throttle > entry.throttle_ms:
+                entry.throttle_ms = throttle
+            return self._cap_fetch(header, frame, user, client_id)
         if throttle > entry.throttle_ms:
             entry.throttle_ms = throttle
         return None
+
+    def _cap_fetch(self, header, frame, user: str, client_id: str):
+        # KafkaApis.handleFetchRequest: a fetch may not ask for more than the quota admits in
+        # (samples - 1) windows (ClientQuotaManager.getMaxValueInQuotaWindow), or a response
+        # larger than the window could hold would be throttled, emptied and asked for again forever.
+        resolved = self.manager.resolve(user, client_id, CONSUMER_BYTE_RATE)
+        if resolved is None:
+            return None
+        cap = max(int(resolved.quota * self.max_value_window_s), 1)
+        capped = cap_fetch_bytes(frame, header.body_offset, header.api_version, min(cap, 2**31 - 1))
+        return None if capped is frame else Forward(capped)
 
     def on_response(self, conn, entry, frame):
         manager = self.manager
