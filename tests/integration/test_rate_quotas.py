@@ -303,6 +303,41 @@ def test_consumer_byte_rate_kafka_python(broker, filled_topic, proxy):
     _assert_clean(p)
 
 
+def test_consumer_byte_rate_holds_back_librdkafka(broker, filled_topic, proxy):
+    """librdkafka does not wait out throttle_time_ms before its next fetch: the mute does it."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    client_id = "greedy-rdkafka-consumer"
+    p = _start_proxy(proxy, broker, [{"client_id": client_id, "consumer_byte_rate": CONSUME_QUOTA}])
+    before = p.metrics()
+    throttles: list[float] = []
+    consumer = Consumer({
+        "bootstrap.servers": p.bootstrap, "client.id": client_id, "group.id": "unused-assign-only",
+        "enable.auto.commit": False, "fetch.max.bytes": 16 * 1024, "message.max.bytes": 16 * 1024,
+        "max.partition.fetch.bytes": 16 * 1024,
+        "fetch.queue.backoff.ms": 1, "throttle_cb": lambda event: throttles.append(event.throttle_time),
+    })
+    received: list[tuple[float, int]] = []
+    try:
+        consumer.assign([TopicPartition(filled_topic, 0, OFFSET_BEGINNING)])
+        start = time.monotonic()
+        end = start + RUN_S
+        while time.monotonic() < end:
+            for msg in consumer.consume(num_messages=1000, timeout=0.05):
+                assert msg.error() is None and len(msg.value()) == len(RECORD_VALUE)
+                received.append((time.monotonic(), 1))
+    finally:
+        consumer.close()
+    after = p.metrics()
+
+    assert sum(n for _, n in received) < FILLED_RECORDS, "the consumer ran out of data"
+    _assert_within_quota("consumer_byte_rate (librdkafka)", _rate_in_window(received, start + WARMUP_S, end),
+                         CONSUME_QUOTA)
+    assert _delta(before, after, "kqp_quota_throttled_total", kind="consumer_byte_rate") > 0
+    assert any(t > 0 for t in throttles), "librdkafka never reported a throttle"
+    _assert_clean(p)
+
+
 def test_fetch_larger_than_the_quota_window_still_gets_data(broker, filled_topic, proxy):
     """Kafka's default windows, kafka-python's default fetch size, a 256 KiB/s consumer quota.
 
