@@ -178,18 +178,7 @@ class ClientConnection(asyncio.Protocol):
             if self._raw_sasl_frames:
                 self._forward_raw_sasl(frame, out)
                 continue
-            try:
-                self._on_request(frame, out)
-            except HeaderError as exc:
-                self._reject("bad_header", str(exc))
-                return
-            except (DecodeError, ScanError) as exc:
-                self.stats.decode_failures += 1
-                self._reject("undecodable", str(exc))
-                return
-            except Exception:
-                log.exception("request filter failed on %s; closing it", self.label)
-                self._reject("filter_error", "filter raised")
+            if not self._guarded(self._on_request, frame, out):
                 return
         if out:
             self._send_upstream(out)
@@ -206,25 +195,45 @@ class ClientConnection(asyncio.Protocol):
         entry = InFlight(header.correlation_id, key, header.api_version, time.monotonic())
         self._apply_filters(header, frame, entry, self.chain.request_filters(key), out)
 
+    def _guarded(self, call, *args) -> bool:
+        """Runs a request-side step; a failure closes this connection only. False if it closed."""
+        try:
+            call(*args)
+        except HeaderError as exc:
+            self._reject("bad_header", str(exc))
+        except (DecodeError, ScanError) as exc:
+            self.stats.decode_failures += 1
+            self._reject("undecodable", str(exc))
+        except Exception:
+            log.exception("request filter failed on %s; closing it", self.label)
+            self._reject("filter_error", "filter raised")
+        else:
+            return True
+        return False
+
     def _apply_filters(self, header, frame, entry: InFlight, filters, out: list) -> None:
-        key = header.api_key
         for i, f in enumerate(filters):
             decision = f.on_request(self, header, frame, entry)
-            if decision is None:
-                continue
-            if isinstance(decision, Defer):
-                self._defer(decision, header, frame, entry, filters[i + 1 :])
-                return
-            if isinstance(decision, Answer):
-                self._pending.append(entry)
-                self.stats.local_responses[key] += 1
-                self._complete(entry, decision.frame)
-                return
-            if isinstance(decision, Close):
-                self._reject("filter_close", decision.reason)
-                return
             if isinstance(decision, Forward):
                 frame = decision.frame
+            elif decision is not None:
+                self._act(decision, header, frame, entry, filters[i + 1 :])
+                return
+        self._forward(header, frame, entry, out)
+
+    def _act(self, decision, header, frame, entry: InFlight, rest) -> None:
+        """Carries out a decision other than forwarding."""
+        if isinstance(decision, Defer):
+            self._defer(decision, header, frame, entry, rest)
+        elif isinstance(decision, Answer):
+            self._pending.append(entry)
+            self.stats.local_responses[header.api_key] += 1
+            self._complete(entry, decision.frame)
+        elif isinstance(decision, Close):
+            self._reject("filter_close", decision.reason)
+
+    def _forward(self, header, frame, entry: InFlight, out: list) -> None:
+        key = header.api_key
         if key == ApiKey.PRODUCE and header.body_offset >= 0 and (
             produce_acks(frame, header.body_offset, header.api_version) == 0
         ):
@@ -254,19 +263,14 @@ class ClientConnection(asyncio.Protocol):
             self._reject("filter_error", "deferred filter raised")
             return
         out: list = []
-
-        class _Decided:  # replays the awaited decision, then the filters after it
-            api_keys = None
-
-            @staticmethod
-            def on_request(conn, header, frame, entry):
-                return task.result()
-
-        try:
-            self._apply_filters(header, frame, entry, (_Decided, *rest), out)
-        except Exception:
-            log.exception("request filter failed on %s; closing it", self.label)
-            self._reject("filter_error", "filter raised")
+        decision = task.result()
+        if isinstance(decision, Forward):
+            frame, decision = decision.frame, None
+        if decision is None:
+            ok = self._guarded(self._apply_filters, header, frame, entry, rest, out)
+        else:
+            ok = self._guarded(self._act, decision, header, frame, entry, rest)
+        if not ok:
             return
         if out:
             self._send_upstream(out)
@@ -383,11 +387,13 @@ class ClientConnection(asyncio.Protocol):
         self._close()
 
     def on_upstream_frame(self, frame) -> None:
-        if self._acks0 and len(frame) >= 4 and response_correlation_id(frame) in self._acks0:
+        if self._acks0 and len(frame) >= 4:
             # Kafka never answers acks=0, but some brokers (Tansu 0.6) do: the client expects
             # nothing, so the answer is dropped rather than taken for another request's.
-            if not self._awaiting_upstream or self._awaiting_upstream[0].correlation_id != response_correlation_id(frame):
-                self._acks0.remove(response_correlation_id(frame))
+            corr = response_correlation_id(frame)
+            awaiting = self._awaiting_upstream
+            if corr in self._acks0 and (not awaiting or awaiting[0].correlation_id != corr):
+                self._acks0.remove(corr)
                 return
         if not self._awaiting_upstream:
             self._upstream_failed(f"unsolicited response of {len(frame)} bytes")

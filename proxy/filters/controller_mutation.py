@@ -195,7 +195,7 @@ class ControllerMutationFilter:
                 by_id[r.topic_id] = r
         results = []
         for t in topics:
-            found = by_name.get(t.name) if t.name else by_id.get(t.topic_id)
+            found = by_name.get(t.name) if t.name else None
             if found is None and t.topic_id is not None:
                 found = by_id.get(t.topic_id)
             results.append(found if found is not None else self._rejected(key, version, t))
