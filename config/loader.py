@@ -9,10 +9,27 @@ from typing import Any
 
 import yaml
 
-from quotas.common import ALL_KINDS, PRODUCER_IDS_RATE, USER_LEVEL_ONLY_KINDS
+from quotas.common import ALL_KINDS, PRODUCER_IDS_RATE, RECORD_KINDS, USER_LEVEL_ONLY_KINDS
 from quotas.entities import QuotaRule
+from quotas.limiters import load_limiter_class
 
-from .model import Config, ControllerMutation, ListenConfig, MetricsConfig, QuotaEntities, QuotaWindows, UpstreamConfig
+from .model import (
+    DEFAULT_RATE_LIMITERS,
+    Config,
+    ControllerMutation,
+    ListenConfig,
+    MetricsConfig,
+    ProducerIdQuota,
+    QuotaEntities,
+    QuotaWindows,
+    RateLimiterSpec,
+    UpstreamConfig,
+)
+
+_SECTIONS = {
+    "upstream", "listen", "metrics", "quota_windows", "quota_entities", "quotas",
+    "controller_mutation", "producer_id_quota", "rate_limiters",
+}
 
 
 class ConfigError(ValueError):
@@ -37,18 +54,95 @@ def load_config(file: str | Path) -> Config:
 
 
 def parse_config(data: Any) -> Config:
-    root = _mapping(data, "$", {"upstream", "listen", "metrics", "quota_windows", "quota_entities", "quotas", "controller_mutation"})
+    root = _mapping(data, "$", _SECTIONS)
     if "upstream" not in root:
         raise ConfigError("upstream", "is required")
+    quotas = _quotas(root.get("quotas", []), "quotas")
+    limiters = _rate_limiters(root.get("rate_limiters"), "rate_limiters")
+    _check_limited(quotas, limiters)
     return Config(
         upstream=_upstream(root["upstream"], "upstream"),
         listen=_listen(root.get("listen", {}), "listen"),
         metrics=_metrics(root.get("metrics", {}), "metrics"),
         quota_windows=_quota_windows(root.get("quota_windows", {}), "quota_windows"),
         quota_entities=_quota_entities(root.get("quota_entities", {}), "quota_entities"),
-        quotas=_quotas(root.get("quotas", []), "quotas"),
+        quotas=quotas,
         controller_mutation=_controller_mutation(root.get("controller_mutation", {}), "controller_mutation"),
+        producer_id_quota=_producer_id_quota(root.get("producer_id_quota", {}), "producer_id_quota"),
+        rate_limiters=limiters,
     )
+
+
+def _producer_id_quota(data: Any, path: str) -> ProducerIdQuota:
+    d = ProducerIdQuota()
+    m = _mapping(data, path, set(vars(d)))
+    fpr = m.get("producer_id_quota_false_positive_rate", d.producer_id_quota_false_positive_rate)
+    if not isinstance(fpr, (int, float)) or isinstance(fpr, bool) or not 0 < fpr < 1:
+        raise ConfigError(f"{path}.producer_id_quota_false_positive_rate", f"must be a number in (0, 1), got {fpr!r}")
+    reaction = m.get("reaction", d.reaction)
+    if reaction not in ("reject", "delay"):
+        raise ConfigError(f"{path}.reaction", f"must be reject or delay, got {reaction!r}")
+    return ProducerIdQuota(
+        # KIP-936 declares an Int; fractions are accepted so short windows can be tried out.
+        producer_id_quota_window_size_seconds=_number(
+            m, "producer_id_quota_window_size_seconds", path, d.producer_id_quota_window_size_seconds, 0.001
+        ),
+        producer_id_quota_window_num=_int(m, "producer_id_quota_window_num", path, d.producer_id_quota_window_num, 1, 1000),
+        producer_id_quota_cache_layer_count=_int(
+            m, "producer_id_quota_cache_layer_count", path, d.producer_id_quota_cache_layer_count, 1, 1000
+        ),
+        producer_id_quota_false_positive_rate=float(fpr),
+        producer_id_quota_cache_cleanup_interval_ms=_int(
+            m, "producer_id_quota_cache_cleanup_interval_ms", path, d.producer_id_quota_cache_cleanup_interval_ms, 1, 3_600_000
+        ),
+        reaction=reaction,
+    )
+
+
+def _rate_limiters(data: Any, path: str) -> tuple[RateLimiterSpec, ...]:
+    """A list of ``package.module:ClassName``, or of ``{class: ..., config: {...}}``."""
+    if data is None:
+        return DEFAULT_RATE_LIMITERS
+    if not isinstance(data, list):
+        raise ConfigError(path, f"must be a list of package.module:ClassName, got {data!r}")
+    specs = []
+    for i, entry in enumerate(data):
+        p = f"{path}[{i}]"
+        settings: dict = {}
+        if isinstance(entry, dict):
+            m = _mapping(entry, p, {"class", "config"})
+            if "class" not in m:
+                raise ConfigError(f"{p}.class", "is required")
+            target = m["class"]
+            settings = m.get("config") or {}
+            if not isinstance(settings, dict):
+                raise ConfigError(f"{p}.config", f"must be a mapping, got {settings!r}")
+            p = f"{p}.class"
+        else:
+            target = entry
+        if not isinstance(target, str):
+            raise ConfigError(p, f"must be package.module:ClassName, got {target!r}")
+        try:
+            cls = load_limiter_class(target)
+        except ValueError as exc:
+            raise ConfigError(p, str(exc)) from exc
+        if any(s.target == target for s in specs):
+            raise ConfigError(p, f"{target} is listed twice")
+        specs.append(RateLimiterSpec(target, cls, MappingProxyType(settings)))
+    return tuple(specs)
+
+
+def _check_limited(rules: tuple[QuotaRule, ...], limiters: tuple[RateLimiterSpec, ...]) -> None:
+    """A record or batch quota needs a limiter that enforces it, or it would silently do nothing."""
+    enforced = frozenset().union(*(s.cls.kinds for s in limiters))
+    for i, rule in enumerate(rules):
+        for kind in sorted(RECORD_KINDS & rule.values.keys()):
+            if kind not in enforced:
+                raise ConfigError(
+                    f"quotas[{i}].{kind}",
+                    "no configured rate limiter enforces it; add quotas.limiters:RecordRateLimiter "
+                    "(records) or quotas.limiters:BatchRateLimiter (batches) to rate_limiters",
+                )
 
 
 def _controller_mutation(data: Any, path: str) -> ControllerMutation:
@@ -98,8 +192,9 @@ def _quotas(data: Any, path: str) -> tuple[QuotaRule, ...]:
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
                 raise ConfigError(f"{p}.{kind}", f"must be a positive number, got {v!r}")
             values[kind] = float(v)
-        if PRODUCER_IDS_RATE in values:
-            raise ConfigError(f"{p}.producer_ids_rate", "is not enforced by this version of the proxy yet")
+        if values.get(PRODUCER_IDS_RATE, 1) < 1:
+            # A token is a whole producer id; a bucket of less than one never admits one.
+            raise ConfigError(f"{p}.producer_ids_rate", f"must be at least 1 (new producer ids per window), got {m[PRODUCER_IDS_RATE]!r}")
         if not values:
             raise ConfigError(p, f"sets no quota (one of: {', '.join(sorted(ALL_KINDS))})")
         # KIP-936: producer_ids_rate is a user-level quota only.

@@ -5,8 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 from quotas.entities import QuotaRule
+from quotas.limiters import BUILT_IN, BatchRateLimiter, RateLimiter, RecordRateLimiter
+from quotas.producer_ids import ProducerIdSettings
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,45 @@ class ControllerMutation:
 
 
 @dataclass(frozen=True)
+class ProducerIdQuota:
+    """KIP-936's broker settings under their Kafka names (dots as underscores), and what the
+    proxy does with a request that brings a producer id over the quota."""
+
+    producer_id_quota_window_size_seconds: float = 3600.0
+    producer_id_quota_window_num: int = 11
+    producer_id_quota_cache_layer_count: int = 4
+    producer_id_quota_false_positive_rate: float = 0.001
+    producer_id_quota_cache_cleanup_interval_ms: int = 10
+    # reject: THROTTLING_QUOTA_EXCEEDED on every partition, throttle time, mute (KIP-219);
+    # delay: hold the request until the quota admits it.
+    reaction: str = "reject"
+
+    def settings(self) -> ProducerIdSettings:
+        return ProducerIdSettings(
+            window_size_s=self.producer_id_quota_window_size_seconds,
+            window_num=self.producer_id_quota_window_num,
+            layer_count=self.producer_id_quota_cache_layer_count,
+            false_positive_rate=self.producer_id_quota_false_positive_rate,
+            cleanup_interval_ms=self.producer_id_quota_cache_cleanup_interval_ms,
+        )
+
+
+@dataclass(frozen=True)
+class RateLimiterSpec:
+    """One entry of ``rate_limiters``: the class (already imported) and its own settings."""
+
+    target: str  # package.module:ClassName
+    cls: type[RateLimiter]
+    settings: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+
+
+DEFAULT_RATE_LIMITERS = (
+    RateLimiterSpec(BUILT_IN[0], RecordRateLimiter),
+    RateLimiterSpec(BUILT_IN[1], BatchRateLimiter),
+)
+
+
+@dataclass(frozen=True)
 class Config:
     upstream: UpstreamConfig
     listen: ListenConfig = field(default_factory=ListenConfig)
@@ -69,3 +111,5 @@ class Config:
     quota_entities: QuotaEntities = field(default_factory=QuotaEntities)
     quotas: tuple[QuotaRule, ...] = ()
     controller_mutation: ControllerMutation = field(default_factory=ControllerMutation)
+    producer_id_quota: ProducerIdQuota = field(default_factory=ProducerIdQuota)
+    rate_limiters: tuple[RateLimiterSpec, ...] = DEFAULT_RATE_LIMITERS

@@ -1,11 +1,14 @@
-"""ProduceRequest fields read straight from the frame, without decoding the records."""
+"""ProduceRequest fields read straight from the frame, and ProduceResponses the proxy answers itself."""
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Sequence
 from struct import Struct
 
 from .apis import SPECS, ApiKey
-from .headers import read_uvarint
+from .headers import encode_response_header, read_uvarint
+from .messages import encode_body
 
 _INT16 = Struct(">h")
 
@@ -21,3 +24,35 @@ def produce_acks(frame, body_offset: int, api_version: int) -> int:
             (n,) = _INT16.unpack_from(frame, pos)
             pos += 2 + max(n, 0)
     return _INT16.unpack_from(frame, pos)[0]
+
+
+def produce_error_response(
+    correlation_id: int,
+    api_version: int,
+    topics: Sequence[tuple[str | bytes, Sequence[int]]],
+    error_code: int,
+    throttle_ms: int,
+    error_message: str | None = None,
+) -> bytes:
+    """A whole ProduceResponse frame (header + body) failing every partition with ``error_code``.
+
+    ``topics`` as :class:`protocol.records.ProduceScan` gives them: names, or 16-byte topic ids
+    from v13 on. Offsets are -1, as Kafka fills them for a partition that was not appended.
+    """
+    cls = SPECS[ApiKey.PRODUCE].response[api_version]
+    T = cls.TopicProduceResponse
+    P = T.PartitionProduceResponse
+    responses = []
+    for topic, partitions in topics:
+        t = T(partition_responses=[
+            P(index=i, error_code=error_code, base_offset=-1, log_append_time_ms=-1, log_start_offset=-1,
+              record_errors=[], error_message=error_message)
+            for i in partitions
+        ])
+        if isinstance(topic, bytes):
+            t.topic_id = uuid.UUID(bytes=topic)
+        else:
+            t.name = topic
+        responses.append(t)
+    body = encode_body(cls(responses=responses, throttle_time_ms=throttle_ms))
+    return encode_response_header(correlation_id, SPECS[ApiKey.PRODUCE].is_flexible(api_version)) + body

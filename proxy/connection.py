@@ -63,7 +63,7 @@ class InFlight:
 
     __slots__ = (
         "correlation_id", "api_key", "api_version", "received_at", "response", "raw",
-        "throttle_ms", "fetch_session", "on_response", "note",
+        "throttle_ms", "fetch_session", "on_response", "note", "produce",
     )
 
     def __init__(self, correlation_id: int, api_key: int, api_version: int, received_at: float) -> None:
@@ -77,6 +77,7 @@ class InFlight:
         self.fetch_session: tuple[int, int] | None = None  # Fetch v7+: (session id, epoch)
         self.on_response = None  # a request filter's own rewrite of this request's response
         self.note = None  # what a request filter wants to remember for the response
+        self.produce = None  # a Produce request's ProduceScan, once a filter has needed it
 
 
 

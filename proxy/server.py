@@ -11,6 +11,8 @@ from prometheus_client import CollectorRegistry
 
 from config.model import Config
 from quotas import QuotaManager
+from quotas.limiters import LimiterContext, RateLimiter
+from quotas.producer_ids import ProducerIdQuotaManager
 
 from .cluster import Cluster
 from .connection import ClientConnection
@@ -21,15 +23,23 @@ from .filters.sasl import SaslFilter
 from .http import MetricsEndpoint
 from .refresh import refresh_forever, refresh_once
 from .filters.controller_mutation import ControllerMutationFilter
+from .filters.limiters import RateLimiterFilter
+from .filters.producer_ids import ProducerIdQuotaFilter
 from .filters.quotas import RateQuotaFilter, now_ms
 from .topics import TopicCache
-from .quota_metrics import QuotaCollector
+from .quota_metrics import ProducerIdCollector, QuotaCollector
 from .stats import ProxyStats, StatsCollector
 
 log = logging.getLogger("proxy.server")
 
 
-def default_chain(config: Config, quota_manager: QuotaManager, topics: TopicCache) -> FilterChain:
+def default_chain(
+    config: Config,
+    quota_manager: QuotaManager,
+    topics: TopicCache,
+    producer_ids: ProducerIdQuotaFilter,
+    limiters: RateLimiterFilter,
+) -> FilterChain:
     api_versions = ApiVersionsFilter()
     sasl = SaslFilter()
     w = config.quota_windows
@@ -39,9 +49,28 @@ def default_chain(config: Config, quota_manager: QuotaManager, topics: TopicCach
         config.upstream.connect_timeout_s,
     )
     return FilterChain(
-        request_filters=[rates, api_versions, sasl, mutations],
-        response_filters=[rates, api_versions, EndpointRewriteFilter(), sasl, mutations],
+        # A Produce rejected for its producer ids is not shown to the record limiters.
+        request_filters=[rates, api_versions, sasl, mutations, producer_ids, limiters],
+        # Record limiters see a Fetch response after the byte quota may have emptied it.
+        response_filters=[rates, limiters, api_versions, EndpointRewriteFilter(), sasl, mutations],
     )
+
+
+def rate_limiters_for(config: Config, manager: QuotaManager, existing: dict | None = None) -> list[RateLimiter]:
+    """The configured limiters, built (or reused from ``existing``, by target) and configured."""
+    w = config.quota_windows
+    limiters = []
+    for spec in config.rate_limiters:
+        limiter = (existing or {}).get(spec.target) or spec.cls()
+        limiter.configure(LimiterContext(
+            rules=config.quotas,
+            quota_window_num=w.quota_window_num,
+            quota_window_size_s=w.quota_window_size_seconds,
+            manager=manager,
+            settings=spec.settings,
+        ))
+        limiters.append(limiter)
+    return limiters
 
 
 def quota_manager_for(config: Config) -> QuotaManager:
@@ -65,8 +94,13 @@ class ProxyServer:
         self.quotas = quota_manager_for(config)
         self.registry.register(StatsCollector(self.stats))
         self.registry.register(QuotaCollector(self.quotas, now_ms))
+        self.producer_ids = ProducerIdQuotaManager(config.quotas, config.producer_id_quota.settings())
+        self.limiters = rate_limiters_for(config, self.quotas)
+        self.producer_id_filter = ProducerIdQuotaFilter(self.producer_ids, config.producer_id_quota.reaction)
+        self.limiter_filter = RateLimiterFilter(self.limiters)
+        self.registry.register(ProducerIdCollector(self.producer_ids, self.producer_id_filter, self.limiter_filter, now_ms))
         self.topics = TopicCache()
-        self.chain = default_chain(config, self.quotas, self.topics)
+        self.chain = default_chain(config, self.quotas, self.topics, self.producer_id_filter, self.limiter_filter)
         self.cluster = Cluster(config, self.stats, self._serve_node)
         self.connections: set[ClientConnection] = set()
         self._servers: list[asyncio.AbstractServer] = []
@@ -96,16 +130,29 @@ class ProxyServer:
             log.warning("no bootstrap server answered yet; brokers will be learned when one does")
         self._spawn(refresh_forever(self.cluster, self.stats, up.metadata_refresh_interval_s, up.connect_timeout_s))
         self._spawn(self._expire_quota_entities())
+        self._spawn(self._clean_producer_ids())
 
     async def _expire_quota_entities(self) -> None:
         while True:
             await asyncio.sleep(60)
             self.quotas.expire(now_ms())
 
+    async def _clean_producer_ids(self) -> None:
+        # KIP-936's producer.id.quota.cache.cleanup.scheduler.interval.ms.
+        interval_s = self.config.producer_id_quota.producer_id_quota_cache_cleanup_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval_s)
+            self.producer_ids.cleanup(now_ms())
+
     def reload(self, config: Config) -> None:
         """Applies the quotas of a new, already validated configuration; connections stay."""
         before = self.config
         self.quotas.replace_rules(config.quotas)
+        self.producer_ids.replace_rules(config.quotas)
+        config_now = replace(before, quotas=config.quotas)
+        existing = {spec.target: lim for spec, lim in zip(before.rate_limiters, self.limiters)}
+        self.limiters = rate_limiters_for(config_now, self.quotas, existing)
+        self.limiter_filter.set_limiters(self.limiters)
         self.config = replace(before, quotas=config.quotas)
         if replace(config, quotas=before.quotas) != before:
             log.warning("reload applied the quotas only; other changed settings need a restart")
@@ -132,6 +179,12 @@ class ProxyServer:
     async def stop(self) -> None:
         for task in list(self._tasks):
             task.cancel()
+        for limiter in self.limiters:
+            try:
+                limiter.close()
+            except Exception:
+                log.exception("rate limiter %s failed to close", type(limiter).__qualname__)
+        self.limiters = []
         for server in self._servers:
             server.close()
         for conn in list(self.connections):

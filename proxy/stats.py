@@ -53,6 +53,8 @@ class ProxyStats:
         self.local_responses: defaultdict[int, int] = defaultdict(int)
         self.broker_listeners = 0
         self.metadata_refreshes: defaultdict[str, int] = defaultdict(int)
+        # Record sets whose batch headers could not be read (forwarded as they are, uncharged).
+        self.records_scan_failures: defaultdict[str, int] = defaultdict(int)
 
 
 class StatsCollector(Collector):
@@ -120,6 +122,14 @@ class StatsCollector(Collector):
         for reason, n in sorted(s.frames_rejected.items()):
             rej.add_metric([reason], n)
         yield rej
+        scan = CounterMetricFamily(
+            "kqp_records_scan_failures",
+            "Produce requests / Fetch responses whose record-batch headers were malformed (forwarded uncharged)",
+            labels=["api"],
+        )
+        for api, n in sorted(s.records_scan_failures.items()):
+            scan.add_metric([api], n)
+        yield scan
         md = CounterMetricFamily(
             "kqp_metadata_refreshes", "The proxy's own metadata refreshes", labels=["outcome"]
         )

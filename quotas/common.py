@@ -11,8 +11,13 @@ CONSUMER_BYTE_RATE = "consumer_byte_rate"
 REQUEST_RATE = "request_rate"
 CONTROLLER_MUTATION_RATE = "controller_mutation_rate"
 PRODUCER_IDS_RATE = "producer_ids_rate"
+# KIP-731's record and batch limits, enforced by the built-in rate limiters (quotas.limiters).
+PRODUCER_RECORD_RATE = "producer_record_rate"
+CONSUMER_RECORD_RATE = "consumer_record_rate"
+PRODUCER_BATCH_RATE = "producer_batch_rate"
+RECORD_KINDS = frozenset({PRODUCER_RECORD_RATE, CONSUMER_RECORD_RATE, PRODUCER_BATCH_RATE})
 
-RATE_KINDS = frozenset({PRODUCER_BYTE_RATE, CONSUMER_BYTE_RATE, REQUEST_RATE})
+RATE_KINDS = frozenset({PRODUCER_BYTE_RATE, CONSUMER_BYTE_RATE, REQUEST_RATE}) | RECORD_KINDS
 TOKEN_BUCKET_KINDS = frozenset({CONTROLLER_MUTATION_RATE})
 # KIP-936: producer_ids_rate applies to /config/users/<user> and /config/users/<default> only.
 USER_LEVEL_ONLY_KINDS = frozenset({PRODUCER_IDS_RATE})

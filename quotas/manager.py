@@ -10,7 +10,10 @@ Kinds:
 * ``controller_mutation_rate`` — a KIP-599 token bucket per entity
   (``controller_quota_window_num`` × ``controller_quota_window_size_s``): :meth:`try_admit` for
   strict requests (error 89), :meth:`check_and_record` for permissive (old) versions.
-* ``producer_ids_rate`` — resolved user-level only (:meth:`resolve`); its engine comes later.
+* ``producer_record_rate``, ``consumer_record_rate``, ``producer_batch_rate`` (KIP-731) — windowed
+  rates like the byte quotas, charged by the built-in rate limiters (``quotas.limiters``).
+* ``producer_ids_rate`` — resolved user-level only (:meth:`resolve`); its engine is
+  ``quotas.producer_ids.ProducerIdQuotaManager``.
 """
 
 from __future__ import annotations
@@ -268,6 +271,19 @@ class QuotaManager:
             state.last_throttle_at_ms = now_ms
             self._rejected[kind] += 1
         return decision
+
+    def throttle_ms(self, user: str, client_id: str, kind: str, now_ms: int) -> int:
+        """The throttle the entity's rate asks for now, recording nothing (rate kinds only):
+        the smallest wait that brings the rate back to the bound (QuotaUtils.throttleTime)."""
+        if kind not in RATE_KINDS:
+            raise ValueError(f"throttle_ms is for rate kinds, not {kind!r}")
+        state = self._cache.get((kind, user, client_id), _MISS)
+        if state is _MISS:
+            state = self._state_for(user, client_id, kind, now_ms)
+        if state is None:
+            return 0
+        assert isinstance(state, _RateState)
+        return state.rate.throttle_ms_at(state.quota, now_ms, state.max_throttle_ms)
 
     def unrecord(self, user: str, client_id: str, kind: str, amount: float, now_ms: int) -> None:
         """Takes back ``amount`` recorded before: a throttled Fetch is answered empty and its

@@ -1,0 +1,95 @@
+"""KIP-731 rate limiters in the proxy: each request (and each Fetch response) is shown to every
+limiter that asked for it; the longest throttle any of them wants becomes the response's
+throttle_time_ms and a mute, once, alongside the other quotas (KIP-219)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from protocol.apis import ApiKey
+from protocol.headers import response_body_offset
+from protocol.records import RecordsError, count_fetch_records
+from quotas.limiters import RateLimiter, Usage
+
+from .quotas import now_ms
+from .records import produce_scan
+
+log = logging.getLogger("proxy.limiters")
+
+
+class RateLimiterFilter:
+    api_keys = None  # narrowed per request by what the limiters asked for
+    response_api_keys = frozenset({ApiKey.FETCH})
+
+    def __init__(self, limiters: Sequence[RateLimiter], clock=now_ms) -> None:
+        self.clock = clock
+        self.failures: dict[str, int] = {}  # limiter class → calls that raised
+        self.set_limiters(limiters)
+
+    def set_limiters(self, limiters: Sequence[RateLimiter]) -> None:
+        """Takes the limiters as (re)configured: what each wants to see is read now."""
+        self.limiters = tuple(limiters)
+        self._all_apis = tuple(lim for lim in self.limiters if lim.api_keys is None)
+        by_key: dict[int, list[RateLimiter]] = {}
+        for lim in self.limiters:
+            for key in lim.api_keys or ():
+                by_key.setdefault(key, []).append(lim)
+        self._by_key = {key: tuple(lims) + self._all_apis for key, lims in by_key.items()}
+        self._on_fetch = tuple(lim for lim in self.limiters if lim.fetch_responses)
+
+    def on_request(self, conn, header, frame, entry):
+        key = header.api_key
+        limiters = self._by_key.get(key, self._all_apis)
+        if not limiters:
+            return None
+        batches = records = 0
+        if key == ApiKey.PRODUCE:
+            scan = produce_scan(conn, header, frame, entry)
+            if scan is not None:
+                batches, records = scan.batches, scan.records
+        usage = Usage(conn.session.principal, header.client_id or "", key, header.api_version,
+                      len(frame), batches, records)
+        throttle = self._throttle(limiters, usage)
+        if throttle > entry.throttle_ms:
+            entry.throttle_ms = throttle
+        return None
+
+    def on_response(self, conn, entry, frame):
+        limiters = self._on_fetch
+        if not limiters:
+            return frame
+        offset = response_body_offset(frame, entry.api_key, entry.api_version)
+        try:
+            counted = count_fetch_records(memoryview(frame)[offset:], entry.api_version)
+        except RecordsError as exc:
+            conn.stats.records_scan_failures["Fetch"] += 1
+            log.warning("unreadable record batches in a Fetch response for %s: %s; not charged", conn.label, exc)
+            return frame
+        usage = Usage(conn.session.principal, conn.session.client_id or "", entry.api_key, entry.api_version,
+                      len(frame), counted.batches, counted.records, response=True)
+        # KIP-731: the records are delivered and the client then pauses just long enough to
+        # bring its rate back to the bound (not emptied and re-fetched like a byte quota).
+        throttle = self._throttle(limiters, usage)
+        if throttle > entry.throttle_ms:
+            entry.throttle_ms = throttle
+        return frame
+
+    def _throttle(self, limiters, usage: Usage) -> int:
+        now = self.clock()
+        throttle = 0
+        for lim in limiters:
+            try:
+                lim.accumulate(usage, now)
+                t = lim.throttle_ms(usage, now)
+            except Exception:
+                # A plug-in's failure must not cost the client its connection: it is counted,
+                # logged the first time, and that limiter asks for no throttle this time.
+                name = type(lim).__qualname__
+                if not self.failures.get(name):
+                    log.exception("rate limiter %s failed; it is skipped for this request", name)
+                self.failures[name] = self.failures.get(name, 0) + 1
+                continue
+            if t > throttle:
+                throttle = int(t)
+        return throttle

@@ -1,0 +1,226 @@
+"""Bloom filters over 64-bit producer ids, and KIP-936's time-layered Bloom filter.
+
+Pure: time is an argument. A :class:`LayeredBloomFilter` is a list of :class:`Layer` (a Bloom
+filter stamped with when it was opened and last written) managed by a :class:`LayerPolicy`
+of three small pieces, after KIP-936's use of commons-collections' ``LayerManager``:
+
+* ``extend_check`` — when to open a new layer: none yet, the newest is ``window / layer_count``
+  old, or the newest is full;
+* ``build`` — how to make one: a filter of the policy's shape, stamped now;
+* ``cleanup`` — when to drop one: once its last write is a whole window old.
+
+Layers are dropped by their last write, not their opening time (commons' ``TimestampedBloomFilter``
+expires at creation + ttl): otherwise an id added late in a layer's span would be forgotten
+before a whole window had passed, and the filter would report it as new while the quota still
+counts it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+_MASK64 = (1 << 64) - 1
+# An odd multiplier keeps the second hash odd; with a power-of-two-free bit count any odd step
+# visits distinct positions (Kirsch-Mitzenmacher double hashing).
+_GOLDEN = 0x9E3779B97F4A7C15
+
+
+def _mix64(x: int) -> int:
+    """SplitMix64's finaliser: a bijection on 64 bits that spreads sequential ids apart."""
+    x = (x + _GOLDEN) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+@dataclass(frozen=True, slots=True)
+class BloomShape:
+    """``bits`` and ``hashes`` for ``expected`` items at false-positive rate ``fpr``."""
+
+    expected: int
+    fpr: float
+    bits: int
+    hashes: int
+
+    @classmethod
+    def for_items(cls, expected: int, fpr: float) -> BloomShape:
+        """The textbook optimum (commons' ``Shape.fromNP``): m = −n·ln p / ln²2, k = m/n · ln 2."""
+        if expected < 1:
+            raise ValueError(f"expected items must be at least 1, got {expected!r}")
+        if not 0 < fpr < 1:
+            raise ValueError(f"false-positive rate must be in (0, 1), got {fpr!r}")
+        bits = max(8, math.ceil(-expected * math.log(fpr) / (math.log(2) ** 2)))
+        hashes = max(1, round(bits / expected * math.log(2)))
+        return cls(expected, fpr, bits, hashes)
+
+    def positions(self, item: int) -> list[int]:
+        """The ``hashes`` bit positions of a 64-bit item (negative ids wrap to 64 bits)."""
+        h1 = _mix64(item & _MASK64)
+        h2 = _mix64(h1) | 1
+        m = self.bits
+        return [(h1 + i * h2) % m for i in range(self.hashes)]
+
+    def fpr_at(self, bits_set: int) -> float:
+        """Estimated false-positive rate with ``bits_set`` of ``bits`` set: (X / m)^k."""
+        return (bits_set / self.bits) ** self.hashes
+
+
+class BloomFilter:
+    """A plain Bloom filter: bits in a ``bytearray``, ``count`` the items added to it."""
+
+    __slots__ = ("shape", "bits", "count")
+
+    def __init__(self, shape: BloomShape) -> None:
+        self.shape = shape
+        self.bits = bytearray((shape.bits + 7) // 8)
+        self.count = 0
+
+    def contains_positions(self, positions: Iterable[int]) -> bool:
+        bits = self.bits
+        for p in positions:
+            if not bits[p >> 3] & (1 << (p & 7)):
+                return False
+        return True
+
+    def add_positions(self, positions: Iterable[int]) -> None:
+        bits = self.bits
+        for p in positions:
+            bits[p >> 3] |= 1 << (p & 7)
+        self.count += 1
+
+    def __contains__(self, item: int) -> bool:
+        return self.contains_positions(self.shape.positions(item))
+
+    def add(self, item: int) -> None:
+        self.add_positions(self.shape.positions(item))
+
+    @property
+    def is_full(self) -> bool:
+        return self.count >= self.shape.expected
+
+    def bits_set(self) -> int:
+        return int.from_bytes(self.bits, "little").bit_count()
+
+    @property
+    def memory_bytes(self) -> int:
+        return len(self.bits)
+
+
+class Layer:
+    """One time layer: a Bloom filter, when it was opened, and when it was last written."""
+
+    __slots__ = ("filter", "opened_ms", "last_write_ms")
+
+    def __init__(self, bloom: BloomFilter, now_ms: int) -> None:
+        self.filter = bloom
+        self.opened_ms = now_ms
+        self.last_write_ms = now_ms
+
+
+@dataclass(frozen=True, slots=True)
+class LayerPolicy:
+    """When to add a layer, how to build one, when to drop one (KIP-936's three pieces)."""
+
+    window_ms: int
+    layer_count: int
+    shape: BloomShape
+
+    @property
+    def layer_span_ms(self) -> float:
+        return self.window_ms / self.layer_count
+
+    def extend_check(self, layers: list[Layer], now_ms: int) -> bool:
+        """A new layer is due: there is none, the newest has had its time, is full, or was
+        built with another shape (the quota changed)."""
+        if not layers:
+            return True
+        newest = layers[-1]
+        bloom = newest.filter
+        return now_ms - newest.opened_ms >= self.layer_span_ms or bloom.is_full or bloom.shape is not self.shape
+
+    def build(self, now_ms: int) -> Layer:
+        return Layer(BloomFilter(self.shape), now_ms)
+
+    def cleanup(self, layers: list[Layer], now_ms: int) -> list[Layer]:
+        """The layers still holding an id written within the window (oldest first)."""
+        window_ms = self.window_ms
+        return [layer for layer in layers if now_ms - layer.last_write_ms < window_ms]
+
+    def next_cleanup_ms(self, layers: list[Layer]) -> int | None:
+        """When the oldest layer will be due for dropping (None: no layers)."""
+        return min(layer.last_write_ms for layer in layers) + self.window_ms if layers else None
+
+
+class LayeredBloomFilter:
+    """The producer ids one user was seen with during the last window.
+
+    :meth:`track` answers "seen in the window?" and makes sure the id is in the newest layer, so
+    an id that keeps appearing is never forgotten however many layers rotate past.
+    """
+
+    __slots__ = ("policy", "layers")
+
+    def __init__(self, policy: LayerPolicy) -> None:
+        self.policy = policy
+        self.layers: list[Layer] = []
+
+    def cleanup(self, now_ms: int) -> None:
+        layers = self.layers
+        # Only the newest layer is written, so the first layer has the oldest last write.
+        if layers and now_ms - layers[0].last_write_ms >= self.policy.window_ms:
+            self.layers = self.policy.cleanup(layers, now_ms)
+
+    def contains(self, item: int, now_ms: int) -> bool:
+        """Seen within the window (no false negatives; false positives at the shape's rate)."""
+        self.cleanup(now_ms)
+        return _in_any(self.layers, item, self.policy.shape, self.policy.shape.positions(item))
+
+    def track(self, item: int, now_ms: int) -> bool:
+        """Records ``item`` as seen now; True if it had been seen within the window."""
+        self.cleanup(now_ms)
+        layers = self.layers
+        policy = self.policy
+        positions = policy.shape.positions(item)
+        newest = layers[-1] if layers else None
+        if newest is not None and newest.filter.shape is policy.shape and newest.filter.contains_positions(positions):
+            newest.last_write_ms = now_ms
+            return True
+        seen = _in_any(layers, item, policy.shape, positions)
+        if policy.extend_check(layers, now_ms):
+            layers.append(policy.build(now_ms))
+        newest = layers[-1]
+        # Re-added to the newest layer even when an older one has it: KIP-936, rejected
+        # alternative 8 ("ensure that the PID is listed in a filter after the oldest one").
+        newest.filter.add_positions(positions)
+        newest.last_write_ms = now_ms
+        return seen
+
+    @property
+    def live_layers(self) -> int:
+        return len(self.layers)
+
+    def bits_set(self) -> int:
+        return sum(layer.filter.bits_set() for layer in self.layers)
+
+    def estimated_fpr(self) -> float:
+        """Chance an unseen id is taken for seen: 1 − Π(1 − fpr of each layer)."""
+        miss = 1.0
+        for layer in self.layers:
+            miss *= 1.0 - layer.filter.shape.fpr_at(layer.filter.bits_set())
+        return 1.0 - miss
+
+    @property
+    def memory_bytes(self) -> int:
+        return sum(layer.filter.memory_bytes for layer in self.layers)
+
+
+def _in_any(layers: list[Layer], item: int, shape: BloomShape, positions: list[int]) -> bool:
+    """Whether any layer holds ``item``; ``positions`` are for ``shape``, and a layer built with
+    another shape (before a quota change) gets its own."""
+    for layer in layers:
+        bloom = layer.filter
+        if bloom.contains_positions(positions if bloom.shape is shape else bloom.shape.positions(item)):
+            return True
+    return False

@@ -1,0 +1,168 @@
+"""KIP-731 rate limiters: a pluggable way to say how long a client should pause.
+
+A :class:`RateLimiter` is told what each request (and each Fetch response) carried —
+:meth:`~RateLimiter.accumulate` — and asked how long the client that sent it should wait —
+:meth:`~RateLimiter.throttle_ms`. The proxy applies the longest throttle of all limiters and
+quotas once (KIP-731: "a collection of RateLimiters should only sleep by the max throttleTime").
+Limiters are loaded by dotted path (``package.module:ClassName``) from the ``rate_limiters``
+list in the configuration, configured at start and again on every reload, and closed at exit.
+
+The built-in :class:`RecordRateLimiter` and :class:`BatchRateLimiter` enforce the
+``producer_record_rate``, ``consumer_record_rate`` and ``producer_batch_rate`` quotas with the
+windowed rate of the byte quotas, so a throttle is the smallest wait that brings the rate back
+to the bound (``QuotaUtils.throttleTime``), not a penalty.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, ClassVar
+
+from quotas.common import CONSUMER_RECORD_RATE, PRODUCER_BATCH_RATE, PRODUCER_RECORD_RATE
+from quotas.entities import QuotaRule
+
+PRODUCE = 0
+FETCH = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """What one request, or one Fetch response, carried, and whose it was.
+
+    ``response`` is False for a request (``size_bytes`` is the request's size; ``batches`` and
+    ``records`` are those of a Produce request) and True for a Fetch response (the records it
+    delivers). Record counts come from batch headers; nothing is decompressed.
+    """
+
+    user: str
+    client_id: str
+    api_key: int
+    api_version: int
+    size_bytes: int
+    batches: int = 0
+    records: int = 0
+    response: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class LimiterContext:
+    """Given to :meth:`RateLimiter.configure` at start and on every reload."""
+
+    rules: tuple[QuotaRule, ...]
+    quota_window_num: int
+    quota_window_size_s: float
+    # The proxy's quota engine (quotas.QuotaManager): a limiter may keep its state there, so it
+    # shows in the quota metrics and follows entity expiry and reloads.
+    manager: Any
+    settings: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+
+
+class RateLimiter(ABC):
+    """KIP-731's ``RateLimiter``, for a proxy: one instance sees every client's usage.
+
+    ``kinds`` names the quota kinds a limiter enforces, so a configuration that sets such a
+    quota without the limiter that enforces it is refused. ``api_keys`` are the request APIs it
+    wants to see (None: all); ``fetch_responses`` whether it wants Fetch responses too. Both are
+    read after :meth:`configure`, so a limiter with nothing to enforce can ask for nothing.
+    Every method is called on the proxy's event loop and must not block.
+    """
+
+    kinds: ClassVar[frozenset[str]] = frozenset()
+    api_keys: frozenset[int] | None = None
+    fetch_responses: bool = False
+
+    def configure(self, context: LimiterContext) -> None:
+        """Takes the rules and the limiter's own settings (``rate_limiters[i].config``)."""
+
+    @abstractmethod
+    def accumulate(self, usage: Usage, now_ms: int) -> None:
+        """Accounts for what one request or response carried."""
+
+    @abstractmethod
+    def throttle_ms(self, usage: Usage, now_ms: int) -> int:
+        """How long the client of ``usage`` should pause now (0: not at all)."""
+
+    def close(self) -> None:
+        """Called once when the proxy stops."""
+
+
+class _QuotaKindLimiter(RateLimiter):
+    """Charges one quota kind per API to the shared quota engine."""
+
+    request_kinds: ClassVar[Mapping[int, str]] = MappingProxyType({})
+    response_kind: ClassVar[str | None] = None
+
+    def __init__(self) -> None:
+        self.manager = None
+        self.api_keys = frozenset()
+        self.fetch_responses = False
+
+    def configure(self, context: LimiterContext) -> None:
+        self.manager = context.manager
+        used = {kind for rule in context.rules for kind in rule.values}
+        self.api_keys = frozenset(k for k, kind in self.request_kinds.items() if kind in used)
+        self.fetch_responses = self.response_kind in used
+
+    def _kind(self, usage: Usage) -> str | None:
+        if usage.response:
+            return self.response_kind if usage.api_key == FETCH else None
+        return self.request_kinds.get(usage.api_key)
+
+    def _amount(self, usage: Usage) -> int:
+        return usage.records
+
+    def accumulate(self, usage: Usage, now_ms: int) -> None:
+        kind = self._kind(usage)
+        if kind is not None and self.manager is not None:
+            self.manager.check_and_record(usage.user, usage.client_id, kind, self._amount(usage), now_ms)
+
+    def throttle_ms(self, usage: Usage, now_ms: int) -> int:
+        kind = self._kind(usage)
+        if kind is None or self.manager is None:
+            return 0
+        return self.manager.throttle_ms(usage.user, usage.client_id, kind, now_ms)
+
+
+class RecordRateLimiter(_QuotaKindLimiter):
+    """``producer_record_rate`` (records in Produce requests) and ``consumer_record_rate``
+    (records in Fetch responses), per second, per quota entity."""
+
+    kinds = frozenset({PRODUCER_RECORD_RATE, CONSUMER_RECORD_RATE})
+    request_kinds = MappingProxyType({PRODUCE: PRODUCER_RECORD_RATE})
+    response_kind = CONSUMER_RECORD_RATE
+
+
+class BatchRateLimiter(_QuotaKindLimiter):
+    """``producer_batch_rate``: record batches in Produce requests per second."""
+
+    kinds = frozenset({PRODUCER_BATCH_RATE})
+    request_kinds = MappingProxyType({PRODUCE: PRODUCER_BATCH_RATE})
+
+    def _amount(self, usage: Usage) -> int:
+        return usage.batches
+
+
+BUILT_IN = ("quotas.limiters:RecordRateLimiter", "quotas.limiters:BatchRateLimiter")
+
+
+def load_limiter_class(target: str) -> type[RateLimiter]:
+    """Imports ``package.module:ClassName``. Raises ValueError saying what is wrong."""
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"must be package.module:ClassName, got {target!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # an import error inside the plug-in is the operator's to see
+        raise ValueError(f"cannot import {module_name!r}: {exc}") from exc
+    obj: Any = module
+    for part in attr.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            raise ValueError(f"{module_name!r} has no {attr!r}")
+    if not isinstance(obj, type) or not issubclass(obj, RateLimiter):
+        raise ValueError(f"{target!r} is not a quotas.limiters.RateLimiter subclass")
+    return obj

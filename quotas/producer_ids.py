@@ -1,0 +1,235 @@
+"""KIP-936 producer-id quota: how many producer ids a user may introduce per window.
+
+Per user with a ``producer_ids_rate`` (a user or ``<default>``, never a client id):
+
+* a :class:`~quotas.bloom.LayeredBloomFilter` remembers the ids seen in the last window;
+* a token bucket refilled at ``producer_ids_rate`` tokens per window holds at most one window's
+  worth; an id not seen in the window costs one token, and a request is admitted only when a
+  whole token is there for each of its new ids, so a user never introduces more than the quota
+  in any window. Ids already seen cost nothing.
+
+Pure: time is an argument. The proxy calls :meth:`ProducerIdQuotaManager.cleanup` every
+``producer_id_quota_cache_cleanup_interval_ms``; it drops expired layers, and users left with
+no live layer.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from quotas.bloom import BloomShape, LayeredBloomFilter, LayerPolicy
+from quotas.common import ADMIT, MAX_THROTTLE_MS, PRODUCER_IDS_RATE, Decision
+from quotas.entities import EntityResolver, QuotaRule, ResolvedQuota
+from quotas.rate import WindowedRate
+from quotas.token_bucket import TokenBucket
+
+# A layer sized for fewer ids is mostly overhead, and with a small quota the ids of long-lived
+# producers (re-added every layer) would close it early again and again.
+MIN_LAYER_IDS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerIdSettings:
+    """KIP-936's broker settings (``producer.id.quota.*``), with its defaults."""
+
+    window_size_s: float = 3600.0
+    window_num: int = 11  # samples of the ProducerIds rate metric
+    layer_count: int = 4
+    false_positive_rate: float = 0.001
+    cleanup_interval_ms: int = 10
+
+    def __post_init__(self) -> None:
+        if not self.window_size_s > 0:
+            raise ValueError(f"window size must be positive, got {self.window_size_s!r}")
+        if self.window_num < 1 or self.layer_count < 1:
+            raise ValueError("window_num and layer_count must be at least 1")
+        if not 0 < self.false_positive_rate < 1:
+            raise ValueError(f"false-positive rate must be in (0, 1), got {self.false_positive_rate!r}")
+
+    @property
+    def window_ms(self) -> int:
+        return max(1, round(self.window_size_s * 1000))
+
+    def layer_shape(self, quota: float) -> BloomShape:
+        """A layer expects a layer's share of the quota; the false-positive rate is split over
+        the layers so that the whole filter, checked layer by layer, meets the configured rate."""
+        expected = max(MIN_LAYER_IDS, math.ceil(quota / self.layer_count))
+        per_layer = 1.0 - (1.0 - self.false_positive_rate) ** (1.0 / self.layer_count)
+        return BloomShape.for_items(expected, per_layer)
+
+    def policy(self, quota: float) -> LayerPolicy:
+        return LayerPolicy(self.window_ms, self.layer_count, self.layer_shape(quota))
+
+
+class ProducerIdStats(NamedTuple):
+    """One tracked user's state for a scrape."""
+
+    user: str
+    quota: float  # new producer ids per window
+    rate: float  # new producer ids per second, over window_num windows (KIP-936 "rate")
+    tokens: float  # KIP-936 "tokens"
+    throttle_ms: int  # what is left of the last rejection's throttle
+    last_throttle_ms: int
+    live_layers: int
+    bits_set: int
+    bits: int
+    estimated_fpr: float
+    memory_bytes: int
+
+
+class _UserState:
+    __slots__ = ("resolved", "filter", "bucket", "rate", "last_throttle_ms", "last_throttle_at_ms")
+
+    def __init__(self, resolved: ResolvedQuota, settings: ProducerIdSettings, now_ms: int) -> None:
+        self.resolved = resolved
+        self.filter = LayeredBloomFilter(settings.policy(resolved.quota))
+        # quota tokens per window, at most one window's worth: a bucket of one sample.
+        self.bucket = TokenBucket(resolved.quota / settings.window_size_s, 1, settings.window_ms, now_ms)
+        self.rate = WindowedRate(settings.window_num, settings.window_ms)
+        self.last_throttle_ms = 0
+        self.last_throttle_at_ms = now_ms
+
+    def set_quota(self, resolved: ResolvedQuota, settings: ProducerIdSettings) -> None:
+        if resolved.quota != self.resolved.quota:
+            self.bucket.set_rate(resolved.quota / settings.window_size_s)
+            self.filter.policy = settings.policy(resolved.quota)
+        self.resolved = resolved
+
+
+class ProducerIdQuotaManager:
+    """Admits or rejects the new producer ids of each Produce request, per user."""
+
+    def __init__(self, rules: Iterable[QuotaRule] = (), settings: ProducerIdSettings | None = None) -> None:
+        self.settings = settings or ProducerIdSettings()
+        self._resolver = EntityResolver(rules)
+        self._users: dict[str, _UserState] = {}
+        self._due: list[tuple[int, str]] = []  # (when to look at the user's layers again, user)
+        self.new_ids_total = 0  # ids admitted as new
+        self.rejected_total = 0  # requests rejected
+        self.users_removed_total = 0
+
+    @property
+    def active(self) -> bool:
+        """Whether any producer_ids_rate rule exists (no rule: nothing to scan for)."""
+        return PRODUCER_IDS_RATE in self._resolver.kinds()
+
+    def replace_rules(self, rules: Iterable[QuotaRule]) -> None:
+        """New rules: users that keep a quota keep their ids and tokens; the others are dropped."""
+        self._resolver = EntityResolver(rules)
+        for user, state in list(self._users.items()):
+            resolved = self._resolver.resolve_user_level(PRODUCER_IDS_RATE, user)
+            if resolved is None:
+                del self._users[user]
+            else:
+                state.set_quota(resolved, self.settings)
+
+    def resolve(self, user: str) -> ResolvedQuota | None:
+        return self._resolver.resolve_user_level(PRODUCER_IDS_RATE, user)
+
+    def admit(self, user: str, producer_ids: Sequence[int], now_ms: int) -> Decision:
+        """A Produce request from ``user`` carrying ``producer_ids``.
+
+        Admitted: its new ids are now remembered and paid for. Rejected (``admitted`` False):
+        nothing is remembered or charged, and ``throttle_ms`` is how long until the tokens for
+        its new ids will be there (rounded up, so a retry after it finds them).
+        """
+        if not producer_ids:
+            return ADMIT
+        state = self._users.get(user)
+        if state is None:
+            resolved = self._resolver.resolve_user_level(PRODUCER_IDS_RATE, user)
+            if resolved is None:
+                return ADMIT
+            state = _UserState(resolved, self.settings, now_ms)
+            self._users[user] = state
+            heapq.heappush(self._due, (now_ms + self.settings.window_ms, user))
+        bloom = state.filter
+        new = [pid for pid in producer_ids if not bloom.contains(pid, now_ms)]
+        if not new:
+            for pid in producer_ids:
+                bloom.track(pid, now_ms)  # keeps a long-lived producer in the newest layer
+            return ADMIT
+        bucket = state.bucket
+        need = len(new)
+        tokens = bucket.tokens_at(now_ms)
+        if tokens >= need:
+            bucket.record_at(need, now_ms)
+            state.rate.record_at(need, now_ms)
+            for pid in producer_ids:
+                bloom.track(pid, now_ms)
+            self.new_ids_total += need
+            return ADMIT
+        if need > bucket.burst or bucket.rate_per_s <= 0:
+            # More new ids in one request than a whole window admits: never admissible.
+            throttle_ms = min(self.settings.window_ms, MAX_THROTTLE_MS)
+        else:
+            throttle_ms = min(math.ceil((need - tokens) / bucket.rate_per_s * 1000), MAX_THROTTLE_MS)
+        state.last_throttle_ms = throttle_ms
+        state.last_throttle_at_ms = now_ms
+        self.rejected_total += 1
+        return Decision(False, throttle_ms)
+
+    def wait_ms(self, user: str, producer_ids: Sequence[int], now_ms: int) -> int:
+        """How long until :meth:`admit` could admit these ids (0: now); charges nothing."""
+        state = self._users.get(user)
+        if state is None:
+            return 0
+        need = sum(1 for pid in producer_ids if not state.filter.contains(pid, now_ms))
+        tokens = state.bucket.tokens_at(now_ms)
+        if need <= tokens:
+            return 0
+        if need > state.bucket.burst or state.bucket.rate_per_s <= 0:
+            return self.settings.window_ms
+        return math.ceil((need - tokens) / state.bucket.rate_per_s * 1000)
+
+    def cleanup(self, now_ms: int) -> int:
+        """Drops expired layers of users that are due; removes users with no live layer.
+        Returns how many users were removed."""
+        due = self._due
+        removed = 0
+        while due and due[0][0] <= now_ms:
+            _, user = heapq.heappop(due)
+            state = self._users.get(user)
+            if state is None:
+                continue
+            state.filter.cleanup(now_ms)
+            following = state.filter.policy.next_cleanup_ms(state.filter.layers)
+            if following is None:
+                del self._users[user]
+                removed += 1
+            else:
+                heapq.heappush(due, (max(following, now_ms + 1), user))
+        self.users_removed_total += removed
+        return removed
+
+    @property
+    def tracked_users(self) -> int:
+        return len(self._users)
+
+    def user_stats(self, now_ms: int) -> list[ProducerIdStats]:
+        out = []
+        for user, s in self._users.items():
+            bloom = s.filter
+            bloom.cleanup(now_ms)
+            elapsed = now_ms - s.last_throttle_at_ms
+            left = s.last_throttle_ms - max(elapsed, 0)
+            out.append(
+                ProducerIdStats(
+                    user,
+                    s.resolved.quota,
+                    s.rate.rate_at(now_ms),
+                    s.bucket.tokens_at(now_ms),
+                    max(left, 0),
+                    s.last_throttle_ms,
+                    bloom.live_layers,
+                    bloom.bits_set(),
+                    sum(layer.filter.shape.bits for layer in bloom.layers),
+                    bloom.estimated_fpr(),
+                    bloom.memory_bytes,
+                )
+            )
+        return out
