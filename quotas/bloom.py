@@ -108,15 +108,27 @@ class BloomFilter:
         return len(self.bits)
 
 
+# Ids known to be in a layer, kept exactly for the newest layer so that a producer seen again
+# (the common case) costs a set lookup instead of hashing; bounded, cleared when full.
+_CONFIRMED_MAX = 4096
+
+
 class Layer:
     """One time layer: a Bloom filter, when it was opened, and when it was last written."""
 
-    __slots__ = ("filter", "opened_ms", "last_write_ms")
+    __slots__ = ("filter", "opened_ms", "last_write_ms", "confirmed")
 
     def __init__(self, bloom: BloomFilter, now_ms: int) -> None:
         self.filter = bloom
         self.opened_ms = now_ms
         self.last_write_ms = now_ms
+        self.confirmed: set[int] = set()
+
+    def confirm(self, item: int) -> None:
+        confirmed = self.confirmed
+        if len(confirmed) >= _CONFIRMED_MAX:
+            confirmed.clear()
+        confirmed.add(item)
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,23 +191,41 @@ class LayeredBloomFilter:
 
     def track(self, item: int, now_ms: int) -> bool:
         """Records ``item`` as seen now; True if it had been seen within the window."""
+        if self.refresh(item, now_ms):
+            return True
+        self._add(item, self.policy.shape.positions(item), now_ms)
+        return False
+
+    def refresh(self, item: int, now_ms: int) -> bool:
+        """If ``item`` was seen within the window: makes sure the newest layer has it and returns
+        True. Otherwise changes nothing and returns False."""
         self.cleanup(now_ms)
         layers = self.layers
-        policy = self.policy
-        positions = policy.shape.positions(item)
-        newest = layers[-1] if layers else None
-        if newest is not None and newest.filter.shape is policy.shape and newest.filter.contains_positions(positions):
+        if not layers:
+            return False
+        newest = layers[-1]
+        if item in newest.confirmed and not self.policy.extend_check(layers, now_ms):
             newest.last_write_ms = now_ms
             return True
-        seen = _in_any(layers, item, policy.shape, positions)
+        policy = self.policy
+        positions = policy.shape.positions(item)
+        if not _in_any(layers, item, policy.shape, positions):
+            return False
+        # Re-added to the newest layer even when an older one has it: KIP-936, rejected
+        # alternative 8 ("ensure that the PID is listed in a filter after the oldest one").
+        self._add(item, positions, now_ms)
+        return True
+
+    def _add(self, item: int, positions: list[int], now_ms: int) -> None:
+        layers = self.layers
+        policy = self.policy
         if policy.extend_check(layers, now_ms):
             layers.append(policy.build(now_ms))
         newest = layers[-1]
-        # Re-added to the newest layer even when an older one has it: KIP-936, rejected
-        # alternative 8 ("ensure that the PID is listed in a filter after the oldest one").
-        newest.filter.add_positions(positions)
+        if item not in newest.confirmed:
+            newest.filter.add_positions(positions)
+            newest.confirm(item)
         newest.last_write_ms = now_ms
-        return seen
 
     @property
     def live_layers(self) -> int:

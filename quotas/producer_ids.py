@@ -148,10 +148,10 @@ class ProducerIdQuotaManager:
             self._users[user] = state
             heapq.heappush(self._due, (now_ms + self.settings.window_ms, user))
         bloom = state.filter
-        new = [pid for pid in producer_ids if not bloom.contains(pid, now_ms)]
+        # Ids seen in the window are refreshed into the newest layer whatever happens next, so
+        # a long-lived producer is never new; unseen ones are remembered only if admitted.
+        new = [pid for pid in producer_ids if not bloom.refresh(pid, now_ms)]
         if not new:
-            for pid in producer_ids:
-                bloom.track(pid, now_ms)  # keeps a long-lived producer in the newest layer
             return ADMIT
         bucket = state.bucket
         need = len(new)
@@ -159,7 +159,7 @@ class ProducerIdQuotaManager:
         if tokens >= need:
             bucket.record_at(need, now_ms)
             state.rate.record_at(need, now_ms)
-            for pid in producer_ids:
+            for pid in new:
                 bloom.track(pid, now_ms)
             self.new_ids_total += need
             return ADMIT
