@@ -106,7 +106,7 @@ class _CpuWatch:
 
 def produce(address: tuple[str, int], topic: str, record_size: int, max_records: int,
             max_seconds: float, watch_pid: int | None = None, broker_pid: int | None = None,
-            linger_ms: int = 5) -> Throughput:
+            linger_ms: int = 5, idempotent: bool = False) -> Throughput:
     """Produce up to ``max_records`` values of ``record_size`` bytes (stops early after
     ``max_seconds``) and flush; throughput counts delivered records from first send to flush."""
     delivered = [0, 0]  # ok, failed
@@ -121,7 +121,7 @@ def produce(address: tuple[str, int], topic: str, record_size: int, max_records:
         "compression.type": "none",
         "queue.buffering.max.messages": 500_000,
         "queue.buffering.max.kbytes": 512 * 1024,
-        "enable.idempotence": False,
+        "enable.idempotence": idempotent,
     })
     # Warm up: metadata + connection to the leader, outside the timed part.
     producer.produce(topic, b"w" * record_size, on_delivery=on_delivery)

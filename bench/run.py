@@ -10,6 +10,7 @@ Configurations (each gets a fresh Tansu broker, so runs do not influence each ot
   kafka-quota-proxy  this project, ``python -m proxy run``
   tansu-proxy        Tansu's Rust proxy, ``tansu proxy``
   proxy-with-quotas  this project with quotas on every client, set so high they never throttle
+                     (byte, request, mutation, record and batch rates, and producer ids)
 
 The benchmark client is this process; broker, pump and proxies are subprocesses.
 Results go to bench/results/latest.json (and are printed).
@@ -45,6 +46,11 @@ QUOTAS_NOT_EXCEEDED = (
     "    consumer_byte_rate: 1000000000000\n"
     "    request_rate: 1000000000\n"
     "    controller_mutation_rate: 1000000\n"
+    "    producer_record_rate: 1000000000\n"
+    "    producer_batch_rate: 1000000000\n"
+    "    consumer_record_rate: 1000000000\n"
+    "  - user: \"<default>\"\n"
+    "    producer_ids_rate: 1000000\n"
 )
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -58,6 +64,7 @@ class Plan:
     rtt_n: int
     idle_connections: int
     partitions: int
+    idempotent: bool = False  # idempotent producers: every batch carries a producer id
 
 
 FULL = Plan(records_100=1_000_000, records_1k=300_000, max_produce_s=8.0, repeats=5,
@@ -203,7 +210,7 @@ def one_round(s: Setup, plan: Plan, rnd: int, acc: dict, profile_dir: Path | Non
             t0 = time.monotonic()
             try:
                 p = clients.produce(address, topic, size, count, plan.max_produce_s,
-                                    watch_pid=mid_pid, broker_pid=broker_pid)
+                                    watch_pid=mid_pid, broker_pid=broker_pid, idempotent=plan.idempotent)
             finally:
                 _profile_stop(spy)
             c = clients.consume(address, topic, plan.partitions, p.records + 1,
@@ -495,6 +502,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, help="produce/consume repetitions per size (median reported)")
     p.add_argument("--partitions", type=int, help="partitions per benchmark topic (default 1)")
     p.add_argument("--idle-connections", type=int, help="connections for the memory test (0 skips it)")
+    p.add_argument("--idempotent", action="store_true",
+                   help="idempotent producers, so proxy-with-quotas checks a producer id on every batch")
     p.add_argument("--profile", action="store_true",
                    help="record py-spy speedscope profiles of Python intermediaries during the first produce run")
     p.add_argument("--noise-threshold", type=float, default=25.0,
@@ -507,7 +516,8 @@ def main(argv: list[str] | None = None) -> int:
 
     plan = QUICK if args.quick else FULL
     overrides = {k: v for k, v in (("repeats", args.repeats), ("partitions", args.partitions),
-                                   ("idle_connections", args.idle_connections)) if v is not None}
+                                   ("idle_connections", args.idle_connections),
+                                   ("idempotent", args.idempotent or None)) if v is not None}
     if overrides:
         plan = Plan(**{**plan.__dict__, **overrides})
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]

@@ -80,10 +80,16 @@ class ProducerIdCollector(Collector):
             ),
             "memory_bytes": GaugeMetricFamily("kqp_producer_ids_filter_bytes", "Memory of the live layers", labels=user),
         }
+        rejected = CounterMetricFamily(
+            "kqp_producer_ids_user_rejected", "Produce requests of this user rejected for new producer ids "
+            "(since the user's state was created)", labels=user,
+        )
         for s in m.user_stats(self._clock_ms()):
             for name, family in families.items():
                 family.add_metric([s.user], getattr(s, name))
+            rejected.add_metric([s.user], s.rejected)
         yield from families.values()
+        yield rejected
         yield GaugeMetricFamily("kqp_producer_ids_tracked_users", "Users with producer-id state", value=m.tracked_users)
         yield CounterMetricFamily("kqp_producer_ids_new", "Producer ids admitted as new", value=m.new_ids_total)
         yield CounterMetricFamily(

@@ -3,10 +3,12 @@
 Per user with a ``producer_ids_rate`` (a user or ``<default>``, never a client id):
 
 * a :class:`~quotas.bloom.LayeredBloomFilter` remembers the ids seen in the last window;
-* a token bucket refilled at ``producer_ids_rate`` tokens per window holds at most one window's
-  worth; an id not seen in the window costs one token, and a request is admitted only when a
-  whole token is there for each of its new ids, so a user never introduces more than the quota
-  in any window. Ids already seen cost nothing.
+* :class:`WindowTokens`, a bucket of ``producer_ids_rate`` tokens (one window's worth) refilled
+  at that many tokens per window; an id not seen in the window costs one token, and a request
+  is admitted only when a whole token is there for each of its new ids. Ids already seen cost
+  nothing. A token comes back one window after it was spent: a bucket refilled at a steady
+  rate would let ``2 × quota − 1`` new ids through in one window (a full bucket, then the
+  refill), while this one never lets a user introduce more than the quota in any window.
 
 Pure: time is an argument. The proxy calls :meth:`ProducerIdQuotaManager.cleanup` every
 ``producer_id_quota_cache_cleanup_interval_ms``; it drops expired layers, and users left with
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -25,7 +28,6 @@ from quotas.bloom import BloomShape, LayeredBloomFilter, LayerPolicy
 from quotas.common import ADMIT, MAX_THROTTLE_MS, PRODUCER_IDS_RATE, Decision
 from quotas.entities import EntityResolver, QuotaRule, ResolvedQuota
 from quotas.rate import WindowedRate
-from quotas.token_bucket import TokenBucket
 
 # A layer sized for fewer ids is mostly overhead, and with a small quota the ids of long-lived
 # producers (re-added every layer) would close it early again and again.
@@ -65,13 +67,75 @@ class ProducerIdSettings:
         return LayerPolicy(self.window_ms, self.layer_count, self.layer_shape(quota))
 
 
+# Spends are kept per slot of window / _SLOTS: a token is returned at the end of its slot plus
+# a window (at most one slot late, never early), and a user's state is at most _SLOTS entries.
+_SLOTS = 256
+
+
+class WindowTokens:
+    """``quota`` tokens per window; a token spent at ``t`` is back at ``t + window`` (rounded up
+    to the end of its slot). Time going backwards counts as no time passing."""
+
+    __slots__ = ("quota", "window_ms", "slot_ms", "used", "_spent", "_latest_ms")
+
+    def __init__(self, quota: float, window_ms: int) -> None:
+        self.quota = float(quota)
+        self.window_ms = window_ms
+        self.slot_ms = max(1, window_ms // _SLOTS)
+        self.used = 0
+        self._spent: deque[list[int]] = deque()  # [slot, tokens spent in it], oldest first
+        self._latest_ms = 0
+
+    def _advance(self, now_ms: int) -> int:
+        if now_ms < self._latest_ms:
+            now_ms = self._latest_ms
+        self._latest_ms = now_ms
+        spent, slot_ms, window_ms = self._spent, self.slot_ms, self.window_ms
+        while spent and (spent[0][0] + 1) * slot_ms + window_ms <= now_ms:
+            self.used -= spent.popleft()[1]
+        return now_ms
+
+    def tokens_at(self, now_ms: int) -> float:
+        self._advance(now_ms)
+        return self.quota - self.used
+
+    def take(self, n: int, now_ms: int) -> None:
+        now_ms = self._advance(now_ms)
+        slot = now_ms // self.slot_ms
+        spent = self._spent
+        if spent and spent[-1][0] == slot:
+            spent[-1][1] += n
+        else:
+            spent.append([slot, n])
+        self.used += n
+
+    def wait_ms(self, n: int, now_ms: int) -> int | None:
+        """How long until ``n`` tokens are there (0: now; None: never, n is over the quota)."""
+        now_ms = self._advance(now_ms)
+        short = n - (self.quota - self.used)
+        if short <= 0:
+            return 0
+        if n > self.quota:
+            return None
+        for slot, count in self._spent:
+            short -= count
+            if short <= 0:
+                return (slot + 1) * self.slot_ms + self.window_ms - now_ms
+        return None  # unreachable while used is the sum of the spends
+
+    def next_return_ms(self) -> int | None:
+        """When the oldest spent tokens come back (None: none are out)."""
+        return (self._spent[0][0] + 1) * self.slot_ms + self.window_ms if self._spent else None
+
+
 class ProducerIdStats(NamedTuple):
     """One tracked user's state for a scrape."""
 
     user: str
     quota: float  # new producer ids per window
     rate: float  # new producer ids per second, over window_num windows (KIP-936 "rate")
-    tokens: float  # KIP-936 "tokens"
+    tokens: float  # KIP-936 "tokens": new ids admissible now
+    rejected: int  # requests rejected since the user's state was created
     throttle_ms: int  # what is left of the last rejection's throttle
     last_throttle_ms: int
     live_layers: int
@@ -82,20 +146,20 @@ class ProducerIdStats(NamedTuple):
 
 
 class _UserState:
-    __slots__ = ("resolved", "filter", "bucket", "rate", "last_throttle_ms", "last_throttle_at_ms")
+    __slots__ = ("resolved", "filter", "tokens", "rate", "last_throttle_ms", "last_throttle_at_ms", "rejected")
 
     def __init__(self, resolved: ResolvedQuota, settings: ProducerIdSettings, now_ms: int) -> None:
         self.resolved = resolved
         self.filter = LayeredBloomFilter(settings.policy(resolved.quota))
-        # quota tokens per window, at most one window's worth: a bucket of one sample.
-        self.bucket = TokenBucket(resolved.quota / settings.window_size_s, 1, settings.window_ms, now_ms)
+        self.tokens = WindowTokens(resolved.quota, settings.window_ms)
         self.rate = WindowedRate(settings.window_num, settings.window_ms)
         self.last_throttle_ms = 0
         self.last_throttle_at_ms = now_ms
+        self.rejected = 0
 
     def set_quota(self, resolved: ResolvedQuota, settings: ProducerIdSettings) -> None:
         if resolved.quota != self.resolved.quota:
-            self.bucket.set_rate(resolved.quota / settings.window_size_s)
+            self.tokens.quota = resolved.quota  # what was spent in the window stays spent
             self.filter.policy = settings.policy(resolved.quota)
         self.resolved = resolved
 
@@ -153,23 +217,21 @@ class ProducerIdQuotaManager:
         new = [pid for pid in producer_ids if not bloom.refresh(pid, now_ms)]
         if not new:
             return ADMIT
-        bucket = state.bucket
         need = len(new)
-        tokens = bucket.tokens_at(now_ms)
-        if tokens >= need:
-            bucket.record_at(need, now_ms)
+        wait_ms = state.tokens.wait_ms(need, now_ms)
+        if wait_ms == 0:
+            state.tokens.take(need, now_ms)
             state.rate.record_at(need, now_ms)
             for pid in new:
                 bloom.track(pid, now_ms)
             self.new_ids_total += need
             return ADMIT
-        if need > bucket.burst or bucket.rate_per_s <= 0:
-            # More new ids in one request than a whole window admits: never admissible.
-            throttle_ms = min(self.settings.window_ms, MAX_THROTTLE_MS)
-        else:
-            throttle_ms = min(math.ceil((need - tokens) / bucket.rate_per_s * 1000), MAX_THROTTLE_MS)
+        # More new ids in one request than a whole window admits can never be admitted: the
+        # client is told to wait a window, and will be told again.
+        throttle_ms = min(self.settings.window_ms if wait_ms is None else wait_ms, MAX_THROTTLE_MS)
         state.last_throttle_ms = throttle_ms
         state.last_throttle_at_ms = now_ms
+        state.rejected += 1
         self.rejected_total += 1
         return Decision(False, throttle_ms)
 
@@ -179,12 +241,8 @@ class ProducerIdQuotaManager:
         if state is None:
             return 0
         need = sum(1 for pid in producer_ids if not state.filter.contains(pid, now_ms))
-        tokens = state.bucket.tokens_at(now_ms)
-        if need <= tokens:
-            return 0
-        if need > state.bucket.burst or state.bucket.rate_per_s <= 0:
-            return self.settings.window_ms
-        return math.ceil((need - tokens) / state.bucket.rate_per_s * 1000)
+        wait_ms = state.tokens.wait_ms(need, now_ms)
+        return self.settings.window_ms if wait_ms is None else wait_ms
 
     def cleanup(self, now_ms: int) -> int:
         """Drops expired layers of users that are due; removes users with no live layer.
@@ -197,12 +255,15 @@ class ProducerIdQuotaManager:
             if state is None:
                 continue
             state.filter.cleanup(now_ms)
-            following = state.filter.policy.next_cleanup_ms(state.filter.layers)
-            if following is None:
+            state.tokens.tokens_at(now_ms)
+            # Forgotten only when nothing is left to remember: no live layer, no token out.
+            following = [t for t in (state.filter.policy.next_cleanup_ms(state.filter.layers),
+                                     state.tokens.next_return_ms()) if t is not None]
+            if not following:
                 del self._users[user]
                 removed += 1
             else:
-                heapq.heappush(due, (max(following, now_ms + 1), user))
+                heapq.heappush(due, (max(min(following), now_ms + 1), user))
         self.users_removed_total += removed
         return removed
 
@@ -222,7 +283,8 @@ class ProducerIdQuotaManager:
                     user,
                     s.resolved.quota,
                     s.rate.rate_at(now_ms),
-                    s.bucket.tokens_at(now_ms),
+                    s.tokens.tokens_at(now_ms),
+                    s.rejected,
                     max(left, 0),
                     s.last_throttle_ms,
                     bloom.live_layers,
