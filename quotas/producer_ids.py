@@ -194,12 +194,13 @@ class ProducerIdQuotaManager:
     def resolve(self, user: str) -> ResolvedQuota | None:
         return self._resolver.resolve_user_level(PRODUCER_IDS_RATE, user)
 
-    def admit(self, user: str, producer_ids: Sequence[int], now_ms: int) -> Decision:
+    def admit(self, user: str, producer_ids: Sequence[int], now_ms: int, *, rejecting: bool = True) -> Decision:
         """A Produce request from ``user`` carrying ``producer_ids``.
 
         Admitted: its new ids are now remembered and paid for. Rejected (``admitted`` False):
         nothing is remembered or charged, and ``throttle_ms`` is how long until the tokens for
-        its new ids will be there (rounded up, so a retry after it finds them).
+        its new ids will be there (rounded up, so a retry after it finds them). ``rejecting``
+        False: the caller holds the request instead, so the refusal is not counted as a rejection.
         """
         if not producer_ids:
             return ADMIT
@@ -231,8 +232,9 @@ class ProducerIdQuotaManager:
         throttle_ms = min(self.settings.window_ms if wait_ms is None else wait_ms, MAX_THROTTLE_MS)
         state.last_throttle_ms = throttle_ms
         state.last_throttle_at_ms = now_ms
-        state.rejected += 1
-        self.rejected_total += 1
+        if rejecting:
+            state.rejected += 1
+            self.rejected_total += 1
         return Decision(False, throttle_ms)
 
     def wait_ms(self, user: str, producer_ids: Sequence[int], now_ms: int) -> int:

@@ -40,10 +40,11 @@ class ProducerIdQuotaFilter:
         if scan is None or not scan.producer_ids:
             return None
         user = conn.session.principal
-        decision = manager.admit(user, scan.producer_ids, self.clock())
+        delay = self.reaction == "delay"
+        decision = manager.admit(user, scan.producer_ids, self.clock(), rejecting=not delay)
         if decision.admitted:
             return None
-        if self.reaction == "delay":
+        if delay:
             self.delayed_total += 1
             return Defer(self._admitted_later(user, scan.producer_ids, decision.throttle_ms))
         if scan.acks == 0:
@@ -63,7 +64,7 @@ class ProducerIdQuotaFilter:
         manager = self.manager
         while True:
             await asyncio.sleep(max(wait_ms, 1) / 1000)
-            decision = manager.admit(user, producer_ids, self.clock())
+            decision = manager.admit(user, producer_ids, self.clock(), rejecting=False)
             if decision.admitted:
                 return None
             wait_ms = decision.throttle_ms

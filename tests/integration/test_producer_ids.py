@@ -1,0 +1,268 @@
+"""KIP-936 producer-id quota end to end: the proxy process, the real broker, real producers.
+
+Two tenants need two principals, and Tansu cannot authenticate, so Tansu sits behind
+:class:`tests.support.sasl_front.SaslFront`, which answers SASL PLAIN and relays everything
+else; the producers authenticate through the proxy, which believes a user only once the front
+says yes (see tests/integration/test_sasl_front.py).
+
+The quota window is shortened to WINDOW_S with LAYERS layers, so one run crosses several
+windows and many layer rotations.
+
+What the clients do with THROTTLING_QUOTA_EXCEEDED (89) on a Produce, as seen here:
+
+* confluent-kafka / librdkafka 2.16: the error is permanent for the message; the delivery
+  report fails at once with THROTTLING_QUOTA_EXCEEDED (and ``throttle_cb`` reports the throttle).
+* kafka-python 3.0.12: ``ThrottlingQuotaExceededError`` is retriable; the batch is retried after
+  the mute and succeeds once a token is back (if ``delivery_timeout_ms`` allows).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import uuid
+
+import pytest
+
+from tests.support.proxy_process import sum_samples
+from tests.support.sasl_front import tansu_behind_sasl_front
+from tests.support.tansu import TansuBroker
+from tests.support.wire import is_closed
+from tests.unit.test_records import batch, produce_frame
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
+
+USERS = {"steady": "s-secret", "rogue-ck": "r1-secret", "rogue-kp": "r2-secret"}
+QUOTA = 3  # new producer ids per window, every user (<default>)
+WINDOW_S = 6.0
+LAYERS = 3  # a new Bloom filter layer every 2 s
+RUN_S = 14.0  # more than two windows, seven layer rotations
+THROTTLING_QUOTA_EXCEEDED = 89
+
+
+def _pid_quota(reaction: str = "reject", window_s: float = WINDOW_S, quota: int = QUOTA) -> dict:
+    return {
+        "quotas": [{"user": "<default>", "producer_ids_rate": quota}],
+        "producer_id_quota": {
+            "producer_id_quota_window_size_seconds": window_s,
+            "producer_id_quota_cache_layer_count": LAYERS,
+            "reaction": reaction,
+        },
+    }
+
+
+def _topic(bootstrap: str) -> str:
+    from kafka import KafkaAdminClient
+    from kafka.admin import NewTopic
+
+    name = f"pids-{uuid.uuid4().hex[:8]}"
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10000, bootstrap_timeout_ms=10000)
+    try:
+        admin.create_topics([NewTopic(name, num_partitions=1, replication_factor=1)])
+    finally:
+        admin.close()
+    return name
+
+
+def _confluent(p, user: str, client_id: str, **extra):
+    from confluent_kafka import Producer
+
+    return Producer({"client.id": client_id, "bootstrap.servers": p.bootstrap, "security.protocol": "SASL_PLAINTEXT",
+                     "sasl.mechanism": "PLAIN", "sasl.username": user, "sasl.password": USERS[user],
+                     "enable.idempotence": True, "acks": "all", "linger.ms": 1, **extra})
+
+
+def _kafka_python(p, user: str, **extra):
+    from kafka import KafkaProducer
+
+    return KafkaProducer(bootstrap_servers=p.bootstrap, security_protocol="SASL_PLAINTEXT",
+                         sasl_mechanism="PLAIN", sasl_plain_username=user, sasl_plain_password=USERS[user],
+                         enable_idempotence=True, acks="all", linger_ms=1, bootstrap_timeout_ms=10000,
+                         **extra)
+
+
+def _steady_confluent(p, topic: str, stop: threading.Event, out: dict) -> None:
+    """One long-lived idempotent producer sending a record every 50 ms until told to stop."""
+    throttles, errors, offsets = [], [], []
+    producer = _confluent(p, "steady", throttle_cb=lambda e: throttles.append(e.throttle_time),
+                          client_id="steady-ck")
+
+    def on_delivery(err, msg):
+        (errors if err is not None else offsets).append(err or msg.offset())
+
+    sent = 0
+    while not stop.is_set():
+        producer.produce(topic, b"steady-ck-%d" % sent, on_delivery=on_delivery)
+        sent += 1
+        producer.poll(0.05)
+    producer.flush(30)
+    out.update(sent=sent, offsets=offsets, errors=errors, throttles=throttles)
+
+
+def _steady_kafka_python(p, topic: str, stop: threading.Event, out: dict) -> None:
+    producer = _kafka_python(p, "steady", client_id="steady-kp", request_timeout_ms=10000)
+    futures = []
+    try:
+        while not stop.is_set():
+            futures.append(producer.send(topic, b"steady-kp-%d" % len(futures)))
+            time.sleep(0.05)
+        producer.flush(30)
+        results = []
+        for f in futures:
+            try:
+                results.append(f.get(timeout=10).offset)
+            except Exception as exc:  # collected, asserted empty below
+                results.append(exc)
+        out.update(sent=len(futures), offsets=[r for r in results if isinstance(r, int)],
+                   errors=[r for r in results if not isinstance(r, int)])
+    finally:
+        producer.close(timeout=10)
+
+
+def _rogue_confluent(p, topic: str, stop: threading.Event, out: dict) -> None:
+    """A new idempotent producer (so a new producer id) for every single record."""
+    outcomes: list[tuple[float, int]] = []  # (when the delivery report came, error code or 0)
+    n = 0
+    while not stop.is_set():
+        result = []
+        producer = _confluent(p, "rogue-ck", client_id=f"rogue-ck-{n}", **{"message.timeout.ms": 5000})
+        producer.produce(topic, b"rogue-ck-%d" % n,
+                         on_delivery=lambda err, _m: result.append((time.monotonic(), err.code() if err else 0)))
+        producer.flush(10)
+        outcomes.extend(result)
+        n += 1
+    out.update(outcomes=outcomes)
+
+
+def _rogue_kafka_python(p, topic: str, stop: threading.Event, out: dict) -> None:
+    from kafka.errors import KafkaError
+
+    outcomes: list[tuple[float, str]] = []
+    n = 0
+    while not stop.is_set():
+        producer = _kafka_python(p, "rogue-kp", client_id=f"rogue-kp-{n}", request_timeout_ms=5000,
+                                 delivery_timeout_ms=15000)
+        try:
+            producer.send(topic, b"rogue-kp-%d" % n).get(timeout=20)
+            outcomes.append((time.monotonic(), "ok"))
+        except KafkaError as exc:
+            outcomes.append((time.monotonic(), type(exc).__name__))
+        finally:
+            producer.close(timeout=5)
+        n += 1
+    out.update(outcomes=outcomes)
+
+
+def _max_in_any_window(times: list[float], window_s: float) -> int:
+    times = sorted(times)
+    best, j = 0, 0
+    for i, t in enumerate(times):
+        while times[j] <= t - window_s:
+            j += 1
+        best = max(best, i - j + 1)
+    return best
+
+
+def test_rogue_tenants_are_rejected_while_long_lived_producers_never_are(proxy):
+    with tansu_behind_sasl_front(USERS) as behind:
+        p = proxy([behind.bootstrap], extra_config=_pid_quota())
+        topic = _topic(p.bootstrap)
+        stop = threading.Event()
+        results = {name: {} for name in ("steady-ck", "steady-kp", "rogue-ck", "rogue-kp")}
+        workers = [
+            threading.Thread(target=_steady_confluent, args=(p, topic, stop, results["steady-ck"])),
+            threading.Thread(target=_steady_kafka_python, args=(p, topic, stop, results["steady-kp"])),
+        ]
+        for w in workers:
+            w.start()
+        time.sleep(1.0)  # the steady producers have their ids before the rogues start
+        rogues = [
+            threading.Thread(target=_rogue_confluent, args=(p, topic, stop, results["rogue-ck"])),
+            threading.Thread(target=_rogue_kafka_python, args=(p, topic, stop, results["rogue-kp"])),
+        ]
+        for w in rogues:
+            w.start()
+        time.sleep(RUN_S)
+        stop.set()
+        for w in workers + rogues:
+            w.join(60)
+        metrics = p.metrics()
+        log = p.log_text()
+
+    # The well-behaved tenant: two long-lived producers (one per client library), never rejected
+    # across every layer rotation and window of the run.
+    for name in ("steady-ck", "steady-kp"):
+        r = results[name]
+        assert r["errors"] == [], (name, r["errors"][:3])
+        assert len(r["offsets"]) == r["sent"] > RUN_S / 0.05 / 2, name
+    assert results["steady-ck"]["throttles"] in ([], [0.0] * len(results["steady-ck"]["throttles"]))
+    assert sum_samples(metrics, "kqp_producer_ids_user_rejected_total", user="steady") == 0
+    assert sum_samples(metrics, "kqp_producer_ids_quota", user="steady") == QUOTA
+
+    # librdkafka: the first QUOTA producers get through, then THROTTLING_QUOTA_EXCEEDED at once.
+    ck = results["rogue-ck"]["outcomes"]
+    codes = [code for _, code in ck]
+    assert codes[:QUOTA] == [0] * QUOTA, codes[:10]
+    assert codes[QUOTA] == THROTTLING_QUOTA_EXCEEDED, codes[:10]
+    assert set(codes) == {0, THROTTLING_QUOTA_EXCEEDED}
+    admitted = [t for t, code in ck if code == 0]
+    # Never more than the quota in one window (delivery reports trail admission by a round trip,
+    # so the window checked is a little shorter), and new ids again once tokens came back.
+    assert _max_in_any_window(admitted, WINDOW_S - 0.5) <= QUOTA
+    assert QUOTA < len(admitted) <= QUOTA * (1 + int(RUN_S // WINDOW_S))
+
+    # kafka-python retries error 89 after the mute: its producers all get through, slowly.
+    kp = results["rogue-kp"]["outcomes"]
+    kp_ok = [t for t, what in kp if what == "ok"]
+    assert len(kp_ok) <= QUOTA * (1 + int(RUN_S // WINDOW_S) + 1)
+    assert _max_in_any_window(kp_ok, WINDOW_S - 0.5) <= QUOTA
+    assert sum_samples(metrics, "kqp_producer_ids_user_rejected_total", user="rogue-kp") > 0
+    assert sum_samples(metrics, "kqp_producer_ids_user_rejected_total", user="rogue-ck") >= len(ck) - len(admitted)
+    # Every admitted id was counted once: two steady producers, and each rogue's admissions.
+    assert sum_samples(metrics, "kqp_producer_ids_new_total") >= 2 + len(admitted) + len(kp_ok)
+    assert sum_samples(metrics, "kqp_producer_ids_tracked_users") == 3
+    assert "Traceback" not in log and "level=ERROR" not in log, log[-4000:]
+
+
+def test_delay_reaction_holds_a_new_producer_until_a_token_comes_back(proxy):
+    window_s = 3.0
+    with tansu_behind_sasl_front(USERS) as behind:
+        p = proxy([behind.bootstrap], extra_config=_pid_quota("delay", window_s=window_s, quota=1))
+        topic = _topic(p.bootstrap)
+        first = _confluent(p, "rogue-ck", client_id="first")
+        done: list[tuple[float, object]] = []
+        first.produce(topic, b"first", on_delivery=lambda err, _m: done.append((time.monotonic(), err)))
+        assert first.flush(10) == 0
+        second = _confluent(p, "rogue-ck", client_id="second", **{"request.timeout.ms": 10000})
+        second.produce(topic, b"second", on_delivery=lambda err, _m: done.append((time.monotonic(), err)))
+        assert second.flush(20) == 0
+        metrics = p.metrics()
+    (t1, err1), (t2, err2) = done
+    assert err1 is None and err2 is None  # librdkafka never sees an error: it only waited
+    assert t2 - t1 >= window_s - 0.2, t2 - t1  # the second id was admitted a window later
+    assert sum_samples(metrics, "kqp_producer_ids_delayed_total") == 1
+    assert sum_samples(metrics, "kqp_producer_ids_user_rejected_total", user="rogue-ck") == 0
+
+
+def test_acks_0_produce_over_the_quota_closes_the_connection(proxy):
+    """An acks=0 Produce gets no answer, so a rejection can only be told by closing; other
+    connections keep working. (Raw frames: no client library sends idempotent acks=0.)"""
+    from tests.support.wire import api_versions
+
+    with TansuBroker() as broker:
+        p = proxy([broker.bootstrap], extra_config=_pid_quota(quota=1))
+        topic = _topic(p.bootstrap)
+        host, port = p.address
+        with socket.create_connection((host, port), timeout=5) as sock:
+            for correlation_id, pid in ((1, 1001), (2, 1001), (3, 1002)):
+                frame = bytearray(produce_frame(9, {topic: {0: batch(1, pid=pid, epoch=0, seq=correlation_id - 1)}}, acks=0))
+                frame[4:8] = correlation_id.to_bytes(4, "big")
+                sock.sendall(len(frame).to_bytes(4, "big") + frame)
+            assert is_closed(sock), "the proxy kept the connection of a rejected acks=0 produce"
+        assert api_versions(p.address) is not None  # the proxy itself is fine
+        metrics = p.metrics()
+        log = p.log_text()
+    assert sum_samples(metrics, "kqp_producer_ids_new_total") == 1
+    assert sum_samples(metrics, "kqp_frames_rejected_total", reason="filter_close") == 1
+    assert "acks=0" in log
