@@ -1,0 +1,1 @@
+"""Golden wire captures from real clients talking to a real broker (see README.md here)."""
