@@ -14,12 +14,15 @@ import time
 import urllib.request
 
 from config import parse_config
+from protocol.headers import response_body_offset
+from protocol.messages import decode_response
 
 from .local_broker import LocalTansu
 from .server import ProxyServer
 
 TOPIC = "demo-events"
 RECORDS = 5_000
+PRODUCER_IDS_PER_MINUTE = 5
 
 
 def _client_round(bootstrap: str) -> dict:
@@ -78,6 +81,54 @@ def _topic_storm(bootstrap: str, rounds: int = 6, per_round: int = 10, partition
     return seen
 
 
+def _round_trip(sock, request, correlation_id: int, client_id: str):
+    import struct
+
+    request.with_header(correlation_id=correlation_id, client_id=client_id)
+    sock.sendall(bytes(request.encode(header=True, framed=True)))
+    (size,) = struct.unpack(">i", _recv_exactly(sock, 4))
+    frame = _recv_exactly(sock, size)
+    key, version = request.API_KEY, request.API_VERSION
+    return decode_response(key, version, memoryview(frame)[response_body_offset(frame, key, version):])
+
+
+def _recv_exactly(sock, n: int) -> bytes:
+    import socket
+
+    return sock.recv(n, socket.MSG_WAITALL)
+
+
+def _restart_loop(bootstrap: str, restarts: int = 8) -> list[dict]:
+    """A producer that restarts in a loop (KIP-936): every restart asks the broker for a new
+    producer id (InitProducerId) and produces one idempotent batch with it."""
+    import socket
+
+    from kafka.protocol.producer import ProduceRequest
+    from kafka.protocol.producer.transaction import InitProducerIdRequest
+    from kafka.record import MemoryRecordsBuilder
+
+    host, port = bootstrap.rsplit(":", 1)
+    seen = []
+    for r in range(restarts):
+        with socket.create_connection((host, int(port)), timeout=30) as s:
+            init = _round_trip(s, InitProducerIdRequest[4](transactional_id=None, transaction_timeout_ms=60_000,
+                                                            producer_id=-1, producer_epoch=-1),
+                               1, f"restarting-{r}")
+            builder = MemoryRecordsBuilder(2, 0, 1 << 16, producer_id=init.producer_id,
+                                           producer_epoch=init.producer_epoch, base_sequence=0)
+            builder.append(timestamp=None, key=None, value=b"hello from restart %d" % r, headers=[])
+            builder.close()
+            T = ProduceRequest[9].TopicProduceData
+            topic = T(name=TOPIC, partition_data=[T.PartitionProduceData(index=0, records=bytes(builder.buffer()))])
+            sent = time.monotonic()
+            resp = _round_trip(s, ProduceRequest[9](transactional_id=None, acks=1, timeout_ms=10_000,
+                                                    topic_data=[topic]), 2, f"restarting-{r}")
+            part = resp.responses[0].partition_responses[0]
+            seen.append({"producer_id": init.producer_id, "error": part.error_code,
+                         "throttle_ms": resp.throttle_time_ms, "waited_ms": (time.monotonic() - sent) * 1000})
+    return seen
+
+
 def _metric_lines(url: str, prefixes: tuple[str, ...]) -> list[str]:
     with urllib.request.urlopen(url, timeout=5) as resp:
         text = resp.read().decode()
@@ -91,8 +142,13 @@ async def run_demo(duration_s: float | None) -> int:
         "upstream": {"bootstrap_servers": [broker.bootstrap]},
         "listen": {"bootstrap_port": 0, "broker_port_base": 0},
         "metrics": {"port": 0},
-        # KIP-599: the "storm" tenant may create or delete 4 partitions per second (burst 44).
-        "quotas": [{"user": "<default>", "client_id": "storm", "controller_mutation_rate": 4}],
+        "quotas": [
+            # KIP-599: the "storm" tenant may create or delete 4 partitions per second (burst 44).
+            {"user": "<default>", "client_id": "storm", "controller_mutation_rate": 4},
+            # KIP-936: every user may introduce 5 new producer ids per minute.
+            {"user": "<default>", "producer_ids_rate": PRODUCER_IDS_PER_MINUTE},
+        ],
+        "producer_id_quota": {"producer_id_quota_window_size_seconds": 60},
     })
     server = ProxyServer(config)
     try:
@@ -111,8 +167,17 @@ async def run_demo(duration_s: float | None) -> int:
             print(f"   request {i + 1}: {r['admitted']:2d} admitted, {r['rejected']:2d} rejected with "
                   f"THROTTLING_QUOTA_EXCEEDED, throttle_time_ms={r['throttle_ms']}, "
                   f"answered after {r['waited_ms']:.0f} ms")
+        print(f"\na producer restarting in a loop (producer_ids_rate {PRODUCER_IDS_PER_MINUTE} new ids per "
+              "minute; the demo's own producer already used one):")
+        for i, r in enumerate(await asyncio.to_thread(_restart_loop, bootstrap)):
+            outcome = "admitted" if r["error"] == 0 else (
+                "rejected with THROTTLING_QUOTA_EXCEEDED" if r["error"] == 89 else f"error {r['error']}")
+            print(f"   restart {i + 1}: producer id {r['producer_id']}, {outcome}, "
+                  f"throttle_time_ms={r['throttle_ms']}, answered after {r['waited_ms']:.0f} ms")
         lines = await asyncio.to_thread(
-            _metric_lines, metrics_url, ("kqp_requests_total", "kqp_bytes_total", "kqp_quota_")
+            _metric_lines, metrics_url,
+            ("kqp_requests_total", "kqp_bytes_total", "kqp_quota_", "kqp_producer_ids_tokens",
+             "kqp_producer_ids_new", "kqp_producer_ids_rejected", "kqp_producer_ids_live_layers"),
         )
         print("proxy metrics after the round:")
         for line in lines:
