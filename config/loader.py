@@ -128,6 +128,10 @@ def _rate_limiters(data: Any, path: str) -> tuple[RateLimiterSpec, ...]:
             raise ConfigError(p, str(exc)) from exc
         if any(s.target == target for s in specs):
             raise ConfigError(p, f"{target} is listed twice")
+        try:
+            cls.check_settings(MappingProxyType(settings))
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"{path}[{i}].config", str(exc)) from exc
         specs.append(RateLimiterSpec(target, cls, MappingProxyType(settings)))
     return tuple(specs)
 

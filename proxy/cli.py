@@ -54,7 +54,11 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"invalid configuration: {exc}", file=sys.stderr)
         return 2
-    return _run(serve(config, args.ready_file, args.config))
+    try:
+        return _run(serve(config, args.ready_file, args.config))
+    except ConfigError as exc:  # a rate limiter refused its configuration at start
+        print(f"invalid configuration: {exc}", file=sys.stderr)
+        return 2
 
 
 def _run(coro) -> int:
@@ -72,7 +76,11 @@ def reload_from(path: str, server) -> bool:
     except ConfigError as exc:
         log.error("reload of %s rejected, the previous configuration stays in force: %s", path, exc)
         return False
-    server.reload(config)
+    try:
+        server.reload(config)
+    except ConfigError as exc:
+        log.error("reload of %s rejected, the previous configuration stays in force: %s", path, exc)
+        return False
     return True
 
 

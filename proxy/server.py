@@ -9,6 +9,7 @@ from dataclasses import replace
 
 from prometheus_client import CollectorRegistry
 
+from config import ConfigError
 from config.model import Config
 from quotas import QuotaManager
 from quotas.limiters import LimiterContext, RateLimiter
@@ -57,18 +58,25 @@ def default_chain(
 
 
 def rate_limiters_for(config: Config, manager: QuotaManager, existing: dict | None = None) -> list[RateLimiter]:
-    """The configured limiters, built (or reused from ``existing``, by target) and configured."""
+    """The configured limiters, built (or reused from ``existing``, by target) and configured.
+
+    Raises ConfigError naming ``rate_limiters[i]`` when a limiter refuses its configuration.
+    """
     w = config.quota_windows
     limiters = []
-    for spec in config.rate_limiters:
+    for i, spec in enumerate(config.rate_limiters):
         limiter = (existing or {}).get(spec.target) or spec.cls()
-        limiter.configure(LimiterContext(
-            rules=config.quotas,
-            quota_window_num=w.quota_window_num,
-            quota_window_size_s=w.quota_window_size_seconds,
-            manager=manager,
-            settings=spec.settings,
-        ))
+        try:
+            limiter.check_settings(spec.settings)
+            limiter.configure(LimiterContext(
+                rules=config.quotas,
+                quota_window_num=w.quota_window_num,
+                quota_window_size_s=w.quota_window_size_seconds,
+                manager=manager,
+                settings=spec.settings,
+            ))
+        except (ValueError, TypeError, KeyError) as exc:
+            raise ConfigError(f"rate_limiters[{i}]", f"{spec.target} refused its configuration: {exc!r}") from exc
         limiters.append(limiter)
     return limiters
 
@@ -145,18 +153,27 @@ class ProxyServer:
             self.producer_ids.cleanup(now_ms())
 
     def reload(self, config: Config) -> None:
-        """Applies the quotas of a new, already validated configuration; connections stay."""
+        """Applies the quotas, rate limiters and producer-id reaction of a new, already validated
+        configuration; connections stay. Raises ConfigError (nothing changed) when a rate
+        limiter refuses its new configuration."""
         before = self.config
+        live = replace(before, quotas=config.quotas, rate_limiters=config.rate_limiters,
+                       producer_id_quota=replace(before.producer_id_quota, reaction=config.producer_id_quota.reaction))
+        existing = {spec.target: lim for spec, lim in zip(before.rate_limiters, self.limiters)}
+        limiters = rate_limiters_for(live, self.quotas, existing)  # first: it may refuse
+        for spec, limiter in zip(before.rate_limiters, self.limiters):
+            if limiter not in limiters:
+                _close_limiter(limiter)
         self.quotas.replace_rules(config.quotas)
         self.producer_ids.replace_rules(config.quotas)
-        config_now = replace(before, quotas=config.quotas)
-        existing = {spec.target: lim for spec, lim in zip(before.rate_limiters, self.limiters)}
-        self.limiters = rate_limiters_for(config_now, self.quotas, existing)
-        self.limiter_filter.set_limiters(self.limiters)
-        self.config = replace(before, quotas=config.quotas)
-        if replace(config, quotas=before.quotas) != before:
-            log.warning("reload applied the quotas only; other changed settings need a restart")
-        log.info("reloaded: %d quota entries in force", len(config.quotas))
+        self.limiters = limiters
+        self.limiter_filter.set_limiters(limiters)
+        self.producer_id_filter.reaction = live.producer_id_quota.reaction
+        self.config = live
+        if config != live:
+            log.warning("reload applied quotas, rate_limiters and producer_id_quota.reaction; "
+                        "other changed settings need a restart")
+        log.info("reloaded: %d quota entries and %d rate limiters in force", len(config.quotas), len(limiters))
 
     def _spawn(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -180,10 +197,7 @@ class ProxyServer:
         for task in list(self._tasks):
             task.cancel()
         for limiter in self.limiters:
-            try:
-                limiter.close()
-            except Exception:
-                log.exception("rate limiter %s failed to close", type(limiter).__qualname__)
+            _close_limiter(limiter)
         self.limiters = []
         for server in self._servers:
             server.close()
@@ -191,3 +205,10 @@ class ProxyServer:
             conn._close()
         for server in self._servers:
             await server.wait_closed()
+
+
+def _close_limiter(limiter: RateLimiter) -> None:
+    try:
+        limiter.close()
+    except Exception:
+        log.exception("rate limiter %s failed to close", type(limiter).__qualname__)

@@ -75,8 +75,17 @@ class RateLimiter(ABC):
     api_keys: frozenset[int] | None = None
     fetch_responses: bool = False
 
+    @classmethod
+    def check_settings(cls, settings: Mapping[str, Any]) -> None:
+        """Raises ValueError saying what is wrong with the limiter's own settings (KIP-731's
+        ``config()`` ConfigDef). Called by ``check-config`` and before every :meth:`configure`,
+        so a bad setting is a configuration error, never a crash. Accepts anything by default."""
+
     def configure(self, context: LimiterContext) -> None:
-        """Takes the rules and the limiter's own settings (``rate_limiters[i].config``)."""
+        """Takes the rules and the limiter's own settings (``rate_limiters[i].config``); called
+        at start and on every reload. Raising ValueError refuses the configuration (at start the
+        proxy exits with it; on reload the old configuration stays), so refuse before changing
+        anything."""
 
     @abstractmethod
     def accumulate(self, usage: Usage, now_ms: int) -> None:

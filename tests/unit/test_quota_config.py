@@ -136,3 +136,18 @@ def test_bad_rate_limiters_name_the_entry(entry, path, words):
 def test_a_limiter_listed_twice_is_refused():
     e = error(rate_limiters=["quotas.limiters:RecordRateLimiter", "quotas.limiters:RecordRateLimiter"])
     assert e.path == "rate_limiters[1]"
+
+
+class StrictLimiter(ConfiguredLimiter):
+    @classmethod
+    def check_settings(cls, settings):
+        if not isinstance(settings.get("pause_ms"), int):
+            raise ValueError(f"pause_ms must be an integer, got {settings.get('pause_ms')!r}")
+
+
+def test_a_limiter_checks_its_own_settings_at_load_time():
+    target = "tests.unit.test_quota_config:StrictLimiter"
+    assert cfg(rate_limiters=[{"class": target, "config": {"pause_ms": 5}}]).rate_limiters[0].cls is StrictLimiter
+    e = error(rate_limiters=["quotas.limiters:RecordRateLimiter", {"class": target, "config": {"pause_ms": "x"}}])
+    assert e.path == "rate_limiters[1].config"
+    assert "'x'" in str(e)
