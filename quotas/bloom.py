@@ -6,8 +6,16 @@ of three small pieces, after KIP-936's use of commons-collections' ``LayerManage
 
 * ``extend_check`` — when to open a new layer: none yet, the newest is ``window / layer_count``
   old, or the newest is full;
-* ``build`` — how to make one: a filter of the policy's shape, stamped now;
+* ``build`` — how to make one: a filter of the policy's shape, stamped now, grown when the
+  previous layer held more distinct ids than that shape expects;
 * ``cleanup`` — when to drop one: once its last write is a whole window old.
+
+An id seen again is re-added to the newest layer, so every layer holds the ids active during
+its span, not only the new ones: with more long-lived producers than a layer's share of the
+quota, fixed-size layers would fill and close one after another at the request rate. So a
+layer that filled up is followed by one twice its size, and a layer that closed on time by one
+sized for what it held (plus a quarter), never less than the policy's shape and never more than
+``max_expected``; re-adding an id the layer already has does not count towards filling it.
 
 Layers are dropped by their last write, not their opening time (commons' ``TimestampedBloomFilter``
 expires at creation + ttl): otherwise an id added late in a layer's span would be forgotten
@@ -17,6 +25,7 @@ counts it.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -33,6 +42,18 @@ def _mix64(x: int) -> int:
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
     return x ^ (x >> 31)
+
+
+def item_hashes(item: int) -> tuple[int, int]:
+    """The two 64-bit hashes double hashing derives every position from."""
+    h1 = _mix64(item & _MASK64)
+    return h1, _mix64(h1) | 1
+
+
+@functools.lru_cache(maxsize=1024)
+def shape_for(expected: int, fpr: float) -> BloomShape:
+    """:meth:`BloomShape.for_items`, the same object for the same arguments."""
+    return BloomShape.for_items(expected, fpr)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,8 +78,11 @@ class BloomShape:
 
     def positions(self, item: int) -> list[int]:
         """The ``hashes`` bit positions of a 64-bit item (negative ids wrap to 64 bits)."""
-        h1 = _mix64(item & _MASK64)
-        h2 = _mix64(h1) | 1
+        return self.positions_for(*item_hashes(item))
+
+    def positions_for(self, h1: int, h2: int) -> list[int]:
+        """Positions from an item's two hashes (:func:`item_hashes`), so an item hashed once can
+        be looked up in filters of several shapes."""
         m = self.bits
         return [(h1 + i * h2) % m for i in range(self.hashes)]
 
@@ -111,18 +135,22 @@ class BloomFilter:
 # Ids known to be in a layer, kept exactly for the newest layer so that a producer seen again
 # (the common case) costs a set lookup instead of hashing; bounded, cleared when full.
 _CONFIRMED_MAX = 4096
+# The largest layer a policy grows to (about 2.2 MB at a per-layer false-positive rate of 0.025%).
+MAX_LAYER_IDS = 1 << 20
 
 
 class Layer:
-    """One time layer: a Bloom filter, when it was opened, and when it was last written."""
+    """One time layer: a Bloom filter, when it was opened and last written, and the policy shape
+    it was built under (its own shape may be larger)."""
 
-    __slots__ = ("filter", "opened_ms", "last_write_ms", "confirmed")
+    __slots__ = ("filter", "opened_ms", "last_write_ms", "confirmed", "base")
 
-    def __init__(self, bloom: BloomFilter, now_ms: int) -> None:
+    def __init__(self, bloom: BloomFilter, now_ms: int, base: BloomShape | None = None) -> None:
         self.filter = bloom
         self.opened_ms = now_ms
         self.last_write_ms = now_ms
         self.confirmed: set[int] = set()
+        self.base = base or bloom.shape
 
     def confirm(self, item: int) -> None:
         confirmed = self.confirmed
@@ -138,6 +166,7 @@ class LayerPolicy:
     window_ms: int
     layer_count: int
     shape: BloomShape
+    max_expected: int = MAX_LAYER_IDS
 
     @property
     def layer_span_ms(self) -> float:
@@ -145,15 +174,26 @@ class LayerPolicy:
 
     def extend_check(self, layers: list[Layer], now_ms: int) -> bool:
         """A new layer is due: there is none, the newest has had its time, is full, or was
-        built with another shape (the quota changed)."""
+        built under another policy shape (the quota changed)."""
         if not layers:
             return True
         newest = layers[-1]
-        bloom = newest.filter
-        return now_ms - newest.opened_ms >= self.layer_span_ms or bloom.is_full or bloom.shape is not self.shape
+        return (now_ms - newest.opened_ms >= self.layer_span_ms or newest.filter.is_full
+                or newest.base is not self.shape)
 
-    def build(self, now_ms: int) -> Layer:
-        return Layer(BloomFilter(self.shape), now_ms)
+    def build(self, now_ms: int, previous: Layer | None = None) -> Layer:
+        """A layer of the policy's shape, or larger when ``previous`` held more than that."""
+        base = self.shape
+        expected = base.expected
+        if previous is not None and previous.base is base:
+            held = previous.filter.count
+            if previous.filter.is_full and now_ms - previous.opened_ms < self.layer_span_ms:
+                expected = max(expected, 2 * previous.filter.shape.expected)  # it filled up early
+            elif held > expected:
+                expected = math.ceil(held * 1.25)
+            expected = min(expected, max(self.max_expected, base.expected))
+        shape = base if expected == base.expected else shape_for(expected, base.fpr)
+        return Layer(BloomFilter(shape), now_ms, base)
 
     def cleanup(self, layers: list[Layer], now_ms: int) -> list[Layer]:
         """The layers still holding an id written within the window (oldest first)."""
@@ -187,13 +227,13 @@ class LayeredBloomFilter:
     def contains(self, item: int, now_ms: int) -> bool:
         """Seen within the window (no false negatives; false positives at the shape's rate)."""
         self.cleanup(now_ms)
-        return _in_any(self.layers, item, self.policy.shape, self.policy.shape.positions(item))
+        return _in_any(self.layers, item_hashes(item))
 
     def track(self, item: int, now_ms: int) -> bool:
         """Records ``item`` as seen now; True if it had been seen within the window."""
         if self.refresh(item, now_ms):
             return True
-        self._add(item, self.policy.shape.positions(item), now_ms)
+        self._add(item, item_hashes(item), now_ms)
         return False
 
     def refresh(self, item: int, now_ms: int) -> bool:
@@ -207,23 +247,25 @@ class LayeredBloomFilter:
         if item in newest.confirmed and not self.policy.extend_check(layers, now_ms):
             newest.last_write_ms = now_ms
             return True
-        policy = self.policy
-        positions = policy.shape.positions(item)
-        if not _in_any(layers, item, policy.shape, positions):
+        hashes = item_hashes(item)
+        if not _in_any(layers, hashes):
             return False
         # Re-added to the newest layer even when an older one has it: KIP-936, rejected
         # alternative 8 ("ensure that the PID is listed in a filter after the oldest one").
-        self._add(item, positions, now_ms)
+        self._add(item, hashes, now_ms)
         return True
 
-    def _add(self, item: int, positions: list[int], now_ms: int) -> None:
+    def _add(self, item: int, hashes: tuple[int, int], now_ms: int) -> None:
         layers = self.layers
         policy = self.policy
         if policy.extend_check(layers, now_ms):
-            layers.append(policy.build(now_ms))
+            layers.append(policy.build(now_ms, layers[-1] if layers else None))
         newest = layers[-1]
         if item not in newest.confirmed:
-            newest.filter.add_positions(positions)
+            bloom = newest.filter
+            positions = bloom.shape.positions_for(*hashes)
+            if not bloom.contains_positions(positions):  # only a new id counts towards full
+                bloom.add_positions(positions)
             newest.confirm(item)
         newest.last_write_ms = now_ms
 
@@ -246,11 +288,14 @@ class LayeredBloomFilter:
         return sum(layer.filter.memory_bytes for layer in self.layers)
 
 
-def _in_any(layers: list[Layer], item: int, shape: BloomShape, positions: list[int]) -> bool:
-    """Whether any layer holds ``item``; ``positions`` are for ``shape``, and a layer built with
-    another shape (before a quota change) gets its own."""
+def _in_any(layers: list[Layer], hashes: tuple[int, int]) -> bool:
+    """Whether any layer holds the item with these hashes (layers of one shape share positions)."""
+    shape = positions = None
     for layer in layers:
         bloom = layer.filter
-        if bloom.contains_positions(positions if bloom.shape is shape else bloom.shape.positions(item)):
+        if bloom.shape is not shape:
+            shape = bloom.shape
+            positions = shape.positions_for(*hashes)
+        if bloom.contains_positions(positions):
             return True
     return False

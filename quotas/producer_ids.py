@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from quotas.bloom import BloomShape, LayeredBloomFilter, LayerPolicy
+from quotas.bloom import MAX_LAYER_IDS, BloomShape, LayeredBloomFilter, LayerPolicy, shape_for
 from quotas.common import ADMIT, MAX_THROTTLE_MS, PRODUCER_IDS_RATE, Decision
 from quotas.entities import EntityResolver, QuotaRule, ResolvedQuota
 from quotas.rate import WindowedRate
@@ -57,11 +57,13 @@ class ProducerIdSettings:
         return max(1, round(self.window_size_s * 1000))
 
     def layer_shape(self, quota: float) -> BloomShape:
-        """A layer expects a layer's share of the quota; the false-positive rate is split over
-        the layers so that the whole filter, checked layer by layer, meets the configured rate."""
-        expected = max(MIN_LAYER_IDS, math.ceil(quota / self.layer_count))
+        """A layer expects a layer's share of the quota (at least MIN_LAYER_IDS, at most
+        MAX_LAYER_IDS: a huge quota must not allocate a huge filter up front; layers grow and
+        multiply with the ids actually seen); the false-positive rate is split over the layers
+        so that the whole filter, checked layer by layer, meets the configured rate."""
+        expected = min(max(MIN_LAYER_IDS, math.ceil(quota / self.layer_count)), MAX_LAYER_IDS)
         per_layer = 1.0 - (1.0 - self.false_positive_rate) ** (1.0 / self.layer_count)
-        return BloomShape.for_items(expected, per_layer)
+        return shape_for(expected, per_layer)
 
     def policy(self, quota: float) -> LayerPolicy:
         return LayerPolicy(self.window_ms, self.layer_count, self.layer_shape(quota))
@@ -177,6 +179,14 @@ class ProducerIdQuotaManager:
         self.users_removed_total = 0
 
     @property
+    def _max_wait_ms(self) -> int:
+        # A refused request's ids already seen were refreshed when it was refused, so a retry
+        # within a window still finds them seen; its tokens may come back up to a slot later.
+        # Such a request is told to retry just inside the window (and may be refused again,
+        # briefly) rather than after it, when its old ids would count as new again.
+        return max(1, self.settings.window_ms - 1)
+
+    @property
     def active(self) -> bool:
         """Whether any producer_ids_rate rule exists (no rule: nothing to scan for)."""
         return PRODUCER_IDS_RATE in self._resolver.kinds()
@@ -229,7 +239,13 @@ class ProducerIdQuotaManager:
             return ADMIT
         # More new ids in one request than a whole window admits can never be admitted: the
         # client is told to wait a window, and will be told again.
-        throttle_ms = min(self.settings.window_ms if wait_ms is None else wait_ms, MAX_THROTTLE_MS)
+        if wait_ms is None:
+            throttle_ms = self.settings.window_ms
+        elif need < len(producer_ids):
+            throttle_ms = min(wait_ms, self._max_wait_ms)
+        else:
+            throttle_ms = wait_ms
+        throttle_ms = min(throttle_ms, MAX_THROTTLE_MS)
         state.last_throttle_ms = throttle_ms
         state.last_throttle_at_ms = now_ms
         if rejecting:
@@ -241,10 +257,15 @@ class ProducerIdQuotaManager:
         """How long until :meth:`admit` could admit these ids (0: now); charges nothing."""
         state = self._users.get(user)
         if state is None:
-            return 0
+            resolved = self.resolve(user)
+            if resolved is None or not producer_ids or len(producer_ids) <= resolved.quota:
+                return 0
+            return self.settings.window_ms
         need = sum(1 for pid in producer_ids if not state.filter.contains(pid, now_ms))
         wait_ms = state.tokens.wait_ms(need, now_ms)
-        return self.settings.window_ms if wait_ms is None else wait_ms
+        if wait_ms is None:
+            return self.settings.window_ms
+        return min(wait_ms, self._max_wait_ms) if need < len(producer_ids) else wait_ms
 
     def cleanup(self, now_ms: int) -> int:
         """Drops expired layers of users that are due; removes users with no live layer.
