@@ -23,11 +23,12 @@ import io
 import json
 import struct
 import sys
-import threading
 import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.support.threaded_server import ThreadedServer
 
 HERE = Path(__file__).resolve().parent
 FRAMES_DIR = HERE / "frames"
@@ -71,58 +72,20 @@ class Frame:
     data: bytes  # the frame without its 4-byte size prefix
 
 
-class CapturingRelay:
+class CapturingRelay(ThreadedServer):
     """A TCP relay that forwards bytes unchanged and records every whole Kafka frame it sees.
 
     Runs its own event loop on a background thread. Requests are recorded before they are
     forwarded, so a response can always be matched to its request's api key and version.
     """
 
+    thread_name = "capturing-relay"
+
     def __init__(self, host: str = "127.0.0.1") -> None:
-        self.host = host
-        self.port = 0
+        super().__init__(host)
         self.target: tuple[str, int] | None = None
         self._frames: list[Frame] = []
-        self._lock = threading.Lock()
         self._next_connection = 0
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="capturing-relay", daemon=True)
-        self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task] = set()
-
-    @property
-    def bootstrap(self) -> str:
-        return f"{self.host}:{self.port}"
-
-    def start(self) -> CapturingRelay:
-        self._thread.start()
-        self._call(self._start())
-        return self
-
-    async def _start(self) -> None:
-        self._server = await asyncio.start_server(self._handle, self.host, 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-
-    def stop(self) -> None:
-        if not self._thread.is_alive():
-            return
-        self._call(self._stop())
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-        self._loop.close()
-
-    async def _stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-        for task in list(self._tasks):
-            task.cancel()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._server is not None:
-            await self._server.wait_closed()
-
-    def _call(self, coro, timeout_s: float = 10.0):
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout_s)
 
     def mark(self) -> int:
         with self._lock:
@@ -133,8 +96,6 @@ class CapturingRelay:
             return list(self._frames[mark:])
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        self._tasks.add(task)
         with self._lock:
             connection = self._next_connection
             self._next_connection += 1
@@ -155,7 +116,6 @@ class CapturingRelay:
                 up_writer.close()
         finally:
             writer.close()
-            self._tasks.discard(task)
 
     async def _pump(self, connection: int, direction: str, reader: asyncio.StreamReader,
                     writer: asyncio.StreamWriter, pending: dict[int, tuple[int, int]]) -> None:

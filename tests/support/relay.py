@@ -15,10 +15,10 @@ owns the peer socket, so a test can assert that only the proxy ever talked to th
 from __future__ import annotations
 
 import asyncio
-import threading
 from dataclasses import dataclass
 
 from proxy import procnet
+from tests.support.threaded_server import ThreadedServer, pipe
 
 
 @dataclass(frozen=True)
@@ -27,68 +27,18 @@ class RelayedConnection:
     pid: int | None  # None when no process visible here holds the peer socket
 
 
-class CountingRelay:
+class CountingRelay(ThreadedServer):
+    thread_name = "counting-relay"
+
     def __init__(self, host: str = "127.0.0.1", target: tuple[str, int] | None = None,
                  candidate_pids: tuple[int, ...] = ()) -> None:
-        self.host = host
-        self.port = 0
+        super().__init__(host)
         self.target = target
         # Pids checked first when looking for a peer socket's owner (then all of /proc).
         self.candidate_pids: list[int] = list(candidate_pids)
         self._connections: list[RelayedConnection] = []
-        self._lock = threading.Lock()
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="counting-relay", daemon=True)
-        self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task] = set()
-
-    # -- lifecycle ------------------------------------------------------------------------
-
-    def start(self) -> CountingRelay:
-        self._thread.start()
-        self._call(self._start())
-        return self
-
-    async def _start(self) -> None:
-        self._server = await asyncio.start_server(self._handle, self.host, 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-
-    def stop(self) -> None:
-        if not self._thread.is_alive():
-            return
-        self._call(self._stop())
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-        self._loop.close()
-
-    async def _stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-        for task in list(self._tasks):
-            task.cancel()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._server is not None:
-            await self._server.wait_closed()
-
-    def _call(self, coro, timeout_s: float = 10.0):
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout_s)
-
-    def __enter__(self) -> CountingRelay:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
     # -- what tests read ------------------------------------------------------------------
-
-    @property
-    def address(self) -> tuple[str, int]:
-        return self.host, self.port
-
-    @property
-    def bootstrap(self) -> str:
-        return f"{self.host}:{self.port}"
 
     @property
     def connections(self) -> list[RelayedConnection]:
@@ -104,8 +54,6 @@ class CountingRelay:
     # -- relaying -------------------------------------------------------------------------
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        self._tasks.add(task)
         try:
             # Look the peer up before anything else: the client's socket must still exist.
             peer = writer.get_extra_info("peername")[:2]
@@ -121,20 +69,8 @@ class CountingRelay:
             except OSError:
                 return
             try:
-                await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+                await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
             finally:
                 up_writer.close()
         finally:
             writer.close()
-            self._tasks.discard(task)
-
-
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        while data := await reader.read(65536):
-            writer.write(data)
-            await writer.drain()
-        if writer.can_write_eof():
-            writer.write_eof()
-    except (ConnectionError, OSError):
-        writer.close()

@@ -33,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import struct
-import threading
 import time
 from dataclasses import dataclass, replace
 from typing import Iterator
@@ -52,6 +51,7 @@ from protocol.headers import (
 from protocol.messages import DecodeError, decode_request, decode_response, encode_body
 from tests.support.sasl_broker import SaslScript
 from tests.support.tansu import TansuBroker
+from tests.support.threaded_server import ThreadedServer, pipe
 
 SASL_AUTHENTICATION_FAILED = 58
 UNSUPPORTED_SASL_MECHANISM = 33
@@ -178,8 +178,10 @@ class _Closed(Exception):
     """The connection is over (a peer closed it, or a failed exchange ends it)."""
 
 
-class SaslFront:
+class SaslFront(ThreadedServer):
     """The SASL front on its own thread and event loop (see the module docstring)."""
+
+    thread_name = "sasl-front"
 
     def __init__(self, users: dict[str, str], host: str = "127.0.0.1",
                  target: tuple[str, int] | None = None, mechanisms: tuple[str, ...] = MECHANISMS,
@@ -187,66 +189,14 @@ class SaslFront:
         unknown = set(mechanisms) - set(MECHANISMS)
         if unknown:
             raise ValueError(f"unsupported mechanisms {sorted(unknown)}; the front knows {MECHANISMS}")
+        super().__init__(host)
         self.users = dict(users)
-        self.host = host
-        self.port = 0
         self.target = target  # (host, port) of the broker; settable until traffic arrives
         self.mechanisms = tuple(mechanisms)
         self.max_frame_bytes = max_frame_bytes
         self._connections: list[FrontConnection] = []
-        self._lock = threading.Lock()
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="sasl-front", daemon=True)
-        self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task] = set()
-
-    # -- lifecycle ------------------------------------------------------------------------
-
-    def start(self) -> SaslFront:
-        self._thread.start()
-        self._call(self._start())
-        return self
-
-    async def _start(self) -> None:
-        self._server = await asyncio.start_server(self._handle, self.host, 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-
-    def stop(self) -> None:
-        if not self._thread.is_alive():
-            return
-        self._call(self._stop())
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-        self._loop.close()
-
-    async def _stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-        for task in list(self._tasks):
-            task.cancel()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._server is not None:
-            await self._server.wait_closed()
-
-    def _call(self, coro, timeout_s: float = 10.0):
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout_s)
-
-    def __enter__(self) -> SaslFront:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
     # -- what tests read ------------------------------------------------------------------
-
-    @property
-    def address(self) -> tuple[str, int]:
-        return self.host, self.port
-
-    @property
-    def bootstrap(self) -> str:
-        return f"{self.host}:{self.port}"
 
     @property
     def connections(self) -> list[FrontConnection]:
@@ -282,8 +232,6 @@ class SaslFront:
             self._connections[index] = replace(self._connections[index], **changes)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        self._tasks.add(task)
         up_writer = None
         try:
             with self._lock:
@@ -301,14 +249,13 @@ class SaslFront:
                 return
             self._update(index, relayed=True)
             up_writer.write(first)
-            await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+            await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
         except (ConnectionError, OSError):
             pass
         finally:
             if up_writer is not None:
                 up_writer.close()
             writer.close()
-            self._tasks.discard(task)
 
     async def _sasl_phase(self, index, reader, writer, up_reader, up_writer) -> bytes:
         """Answers ApiVersions and SASL until another request arrives; returns that frame
@@ -400,15 +347,6 @@ async def _send(writer: asyncio.StreamWriter, payload: bytes) -> None:
     await writer.drain()
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        while data := await reader.read(65536):
-            writer.write(data)
-            await writer.drain()
-        if writer.can_write_eof():
-            writer.write_eof()
-    except (ConnectionError, OSError):
-        writer.close()
 
 
 # -- Tansu behind the front ------------------------------------------------------------------
