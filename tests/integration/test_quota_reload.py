@@ -105,7 +105,7 @@ def _bound(p) -> float:
     return p.metric_sum("kqp_quota_bound", kind="request_rate", client_id=CLIENT_ID)
 
 
-RELOADED = r'msg="reloaded: 1 quota entries in force"'
+RELOADED = r'msg="reloaded: 1 quota entries and 2 rate limiters in force"'
 
 
 def test_reload_on_file_change_and_sighup_keeps_connections(broker, proxy):
