@@ -34,13 +34,24 @@ import socket
 import struct
 import threading
 import time
-import uuid
 
 import pytest
 from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse
 
+from tests.support import rate_runs
 from tests.support.proxy_process import sum_samples
-from tests.support.tansu import TansuBroker
+from tests.support.rate_runs import (
+    Deliveries,
+    assert_clean,
+    assert_offsets_contiguous,
+    assert_within,
+    fill_topic,
+    fresh_topic,
+    greedy_librdkafka,
+    metric_delta,
+    rate_in_window,
+    throttle_time_max,
+)
 from tests.support.wire import read_frame, request_bytes
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -50,34 +61,12 @@ RECORD_VALUE = b"v" * 1024
 WIRE_BYTES_PER_RECORD = 1024 + 16
 RUN_S = 20.0
 WARMUP_S = 2.0
-TOLERANCE = 0.10
 PRODUCE_QUOTA = 512 * 1024  # bytes/s
 CONSUME_QUOTA = 1024 * 1024  # bytes/s
 BATCH_BYTES = 32 * 1024
 SCHEDULING_TOLERANCE_S = 0.020
 
-
-@pytest.fixture(scope="module")
-def broker():
-    with TansuBroker() as b:
-        yield b
-
-
-def _topic(broker, prefix: str) -> str:
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
-    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-    admin.create_topics([NewTopic(name, num_partitions=1, replication_factor=1)])[name].result(30)
-    return name
-
-
-def _assert_offsets_contiguous(offsets: list[int]) -> None:
-    """The broker gave the acknowledged records offsets 0..n-1: each was written exactly once.
-
-    (Tansu 0.6.0's ListOffsets(latest) answers a few less than the end offset, 7 less in every
-    run here, so the broker's own count is read from the offsets it acknowledged.)"""
-    assert sorted(offsets) == list(range(len(offsets))), "acknowledged offsets are not 0..n-1"
+broker = rate_runs.broker  # one Tansu for the module (a pytest fixture)
 
 
 def _consume_count(broker, topic: str, expected: int, timeout_s: float = 15.0) -> int:
@@ -102,27 +91,14 @@ def _start_proxy(proxy, broker, quotas: list[dict]):
     return proxy([broker.bootstrap], extra_config={"quota_windows": dict(WINDOWS), "quotas": quotas})
 
 
-def _assert_clean(p) -> None:
-    log = p.log_text()
-    assert "Traceback" not in log and "level=ERROR" not in log, log[-5000:]
-
-
-def _delta(before: dict, after: dict, name: str, **labels) -> float:
-    return sum_samples(after, name, **labels) - sum_samples(before, name, **labels)
-
-
 def _rate_in_window(events: list[tuple[float, int]], start: float, end: float) -> float:
     """Bytes/s of the (instant, records) events inside [start, end]."""
-    records = sum(n for t, n in events if start <= t <= end)
-    return records * WIRE_BYTES_PER_RECORD / (end - start)
+    return rate_in_window(events, start, end, weight=WIRE_BYTES_PER_RECORD)
 
 
 def _assert_within_quota(kind: str, rate: float, quota: float) -> None:
-    ratio = rate / quota
-    print(f"\n{kind}: {rate / 1024:.1f} KiB/s measured, quota {quota / 1024:.0f} KiB/s, ratio {ratio:.3f}")
-    assert abs(ratio - 1) <= TOLERANCE, (
-        f"{kind}: measured {rate:.0f} B/s = {ratio:.3f} × the quota {quota:.0f} B/s (allowed ±{TOLERANCE:.0%})"
-    )
+    """A byte rate within 10% of its quota, both shown in KiB/s."""
+    assert_within(kind, rate / 1024, quota / 1024, unit="KiB/s")
 
 
 # -- producer_byte_rate ------------------------------------------------------------------------
@@ -130,52 +106,34 @@ def _assert_within_quota(kind: str, rate: float, quota: float) -> None:
 
 def test_producer_byte_rate_holds_back_librdkafka(broker, proxy):
     """librdkafka reports throttle_time_ms (throttle_cb) but keeps sending: the mute holds it."""
-    from confluent_kafka import KafkaError, Producer
+    from confluent_kafka import Producer
 
     client_id = "greedy-librdkafka"
     p = _start_proxy(proxy, broker, [
         {"user": "<default>", "client_id": client_id, "producer_byte_rate": PRODUCE_QUOTA},
     ])
-    topic = _topic(broker, "quota-ck")
+    topic = fresh_topic(broker, "quota-ck")
     before = p.metrics()
-    acks: list[tuple[float, int]] = []
-    offsets: list[int] = []
-    errors: list = []
+    delivered = Deliveries()
     throttles_s: list[float] = []
-
-    def on_delivery(err, msg):
-        if err is None:
-            acks.append((time.monotonic(), 1))
-            offsets.append(msg.offset())
-        elif err.code() != KafkaError._PURGE_QUEUE:
-            errors.append(err)
-
     producer = Producer({
         "bootstrap.servers": p.bootstrap, "client.id": client_id, "acks": "all",
         "enable.idempotence": False, "linger.ms": 5, "batch.size": BATCH_BYTES,
         "queue.buffering.max.kbytes": 256,  # a bounded backlog, so the run ends promptly
+        "on_delivery": delivered,
         "throttle_cb": lambda event: throttles_s.append(event.throttle_time),
     })
-    start = time.monotonic()
-    end = start + RUN_S
-    while time.monotonic() < end:
-        try:
-            producer.produce(topic, RECORD_VALUE, on_delivery=on_delivery)
-        except BufferError:
-            producer.poll(0.005)
-            continue
-        producer.poll(0)
-    producer.purge(in_queue=True, in_flight=False)  # never sent: not part of the measurement
-    assert producer.flush(30) == 0
+    start, end = greedy_librdkafka(producer, topic, RECORD_VALUE, RUN_S)
     after = p.metrics()
 
-    assert errors == []
-    _assert_offsets_contiguous(offsets)
-    _assert_within_quota("producer_byte_rate (librdkafka)", _rate_in_window(acks, start + WARMUP_S, end), PRODUCE_QUOTA)
-    assert _delta(before, after, "kqp_quota_throttled_total", kind="producer_byte_rate") > 0
+    assert delivered.errors == []
+    assert_offsets_contiguous(delivered.offsets)
+    _assert_within_quota("producer_byte_rate (librdkafka)", _rate_in_window(delivered.acks, start + WARMUP_S, end),
+                         PRODUCE_QUOTA)
+    assert metric_delta(before, after, "kqp_quota_throttled_total", kind="producer_byte_rate") > 0
     assert throttles_s and max(throttles_s) > 0, "no response reached librdkafka with throttle_time_ms"
     assert sum_samples(after, "kqp_quota_bound", kind="producer_byte_rate", client_id=client_id) == PRODUCE_QUOTA
-    _assert_clean(p)
+    assert_clean(p)
 
 
 def test_producer_byte_rate_kafka_python(broker, proxy):
@@ -186,7 +144,7 @@ def test_producer_byte_rate_kafka_python(broker, proxy):
     p = _start_proxy(proxy, broker, [
         {"user": "<default>", "client_id": client_id, "producer_byte_rate": PRODUCE_QUOTA},
     ])
-    topic = _topic(broker, "quota-kp")
+    topic = fresh_topic(broker, "quota-kp")
     before = p.metrics()
     acks: list[tuple[float, int]] = []
     offsets: list[int] = []
@@ -213,20 +171,17 @@ def test_producer_byte_rate_kafka_python(broker, proxy):
                 continue
             producer.send(topic, RECORD_VALUE).add_callback(on_ack).add_errback(on_error)
         producer.flush(30)
-        throttle_max_ms = max(
-            (v for group in producer.metrics().values() for name, v in group.items() if name == "throttle-time-max"),
-            default=0,
-        )
+        throttle_max_ms = throttle_time_max(producer)
     finally:
         producer.close(10)
     after = p.metrics()
 
     assert errors == []
-    _assert_offsets_contiguous(offsets)
+    assert_offsets_contiguous(offsets)
     _assert_within_quota("producer_byte_rate (kafka-python)", _rate_in_window(acks, start + WARMUP_S, end), PRODUCE_QUOTA)
-    assert _delta(before, after, "kqp_quota_throttled_total", kind="producer_byte_rate") > 0
+    assert metric_delta(before, after, "kqp_quota_throttled_total", kind="producer_byte_rate") > 0
     assert throttle_max_ms > 0, "kafka-python never saw throttle_time_ms in a response"
-    _assert_clean(p)
+    assert_clean(p)
 
 
 # -- consumer_byte_rate ------------------------------------------------------------------------
@@ -237,24 +192,7 @@ FILLED_RECORDS = 30 * 1024  # 30 MiB of 1 KiB records: more than 20 s at the quo
 @pytest.fixture(scope="module")
 def filled_topic(broker):
     """A one-partition topic holding 30 MiB, written straight to the broker (no proxy, no quota)."""
-    from confluent_kafka import Producer
-
-    topic = _topic(broker, "quota-fetch")
-    offsets: list[int] = []
-    producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 5, "batch.size": BATCH_BYTES,
-                         "enable.idempotence": False, "acks": 1,
-                         "on_delivery": lambda err, msg: err is None and offsets.append(msg.offset())})
-    for _ in range(FILLED_RECORDS):
-        while True:
-            try:
-                producer.produce(topic, RECORD_VALUE)
-                break
-            except BufferError:
-                producer.poll(0.01)
-    assert producer.flush(60) == 0
-    _assert_offsets_contiguous(offsets)
-    assert len(offsets) == FILLED_RECORDS
-    return topic
+    return fill_topic(broker, "quota-fetch", RECORD_VALUE, FILLED_RECORDS, {"batch.size": BATCH_BYTES})
 
 
 def _consume_for(consumer, seconds: float) -> tuple[float, float, list[tuple[float, int]], float]:
@@ -266,10 +204,7 @@ def _consume_for(consumer, seconds: float) -> tuple[float, float, list[tuple[flo
         for records in consumer.poll(timeout_ms=50).values():
             assert all(len(r.value) == len(RECORD_VALUE) for r in records)
             received.append((time.monotonic(), len(records)))
-    throttle_max_ms = max(
-        (v for group in consumer.metrics().values() for name, v in group.items() if name == "throttle-time-max"),
-        default=0,
-    )
+    throttle_max_ms = throttle_time_max(consumer)
     return start, end, received, throttle_max_ms
 
 
@@ -298,9 +233,9 @@ def test_consumer_byte_rate_kafka_python(broker, filled_topic, proxy):
     assert total < FILLED_RECORDS, "the consumer ran out of data: the measurement would not be of the quota"
     _assert_within_quota("consumer_byte_rate (kafka-python)", _rate_in_window(received, start + WARMUP_S, end),
                          CONSUME_QUOTA)
-    assert _delta(before, after, "kqp_quota_throttled_total", kind="consumer_byte_rate") > 0
+    assert metric_delta(before, after, "kqp_quota_throttled_total", kind="consumer_byte_rate") > 0
     assert throttle_max_ms > 0, "kafka-python never saw throttle_time_ms in a fetch response"
-    _assert_clean(p)
+    assert_clean(p)
 
 
 def test_consumer_byte_rate_holds_back_librdkafka(broker, filled_topic, proxy):
@@ -333,9 +268,9 @@ def test_consumer_byte_rate_holds_back_librdkafka(broker, filled_topic, proxy):
     assert sum(n for _, n in received) < FILLED_RECORDS, "the consumer ran out of data"
     _assert_within_quota("consumer_byte_rate (librdkafka)", _rate_in_window(received, start + WARMUP_S, end),
                          CONSUME_QUOTA)
-    assert _delta(before, after, "kqp_quota_throttled_total", kind="consumer_byte_rate") > 0
+    assert metric_delta(before, after, "kqp_quota_throttled_total", kind="consumer_byte_rate") > 0
     assert any(t > 0 for t in throttles), "librdkafka never reported a throttle"
-    _assert_clean(p)
+    assert_clean(p)
 
 
 def test_fetch_larger_than_the_quota_window_still_gets_data(broker, filled_topic, proxy):
@@ -445,10 +380,10 @@ def test_request_rate_mutes_the_throttled_connection_only(broker, proxy):
     assert all(done - sent < 0.2 for _, sent, done in bystander)
     assert bystander_done < answered + throttle_ms / 1000, "the bystander was not served during the mute"
     after = p.metrics()
-    assert _delta(before, after, "kqp_quota_throttled_total", kind="request_rate") >= 9
+    assert metric_delta(before, after, "kqp_quota_throttled_total", kind="request_rate") >= 9
     assert sum_samples(after, "kqp_quota_bound", kind="request_rate", client_id=limited) == 20
     assert sum_samples(after, "kqp_quota_bound", client_id=free) == 0
-    _assert_clean(p)
+    assert_clean(p)
 
 
 # -- acks=0 ------------------------------------------------------------------------------------
@@ -520,21 +455,21 @@ def test_acks0_produce_over_quota_is_muted_and_never_answered(kafka_like_broker,
     assert resp.throttle_time_ms == 0  # no request_rate quota; the byte throttle was the Produce's
     assert answered - sent >= expected_ms / 1000 - SCHEDULING_TOLERANCE_S
     after = p.metrics()
-    assert _delta(before, after, "kqp_quota_throttled_total", kind="producer_byte_rate") == 1
-    assert _delta(before, after, "kqp_requests_total", api="Produce") == 1
-    assert _delta(before, after, "kqp_responses_total", api="Produce") == 0
-    assert _delta(before, after, "kqp_local_responses_total") == 0
+    assert metric_delta(before, after, "kqp_quota_throttled_total", kind="producer_byte_rate") == 1
+    assert metric_delta(before, after, "kqp_requests_total", api="Produce") == 1
+    assert metric_delta(before, after, "kqp_responses_total", api="Produce") == 0
+    assert metric_delta(before, after, "kqp_local_responses_total") == 0
     # The records were forwarded all the same.
     [received] = cluster.wait_for_requests(ApiKey.PRODUCE, 1)
     assert received.body.acks == 0
     assert cluster.call(lambda: cluster.topics["fire"].partitions[0].next_offset) == 100
-    _assert_clean(p)
+    assert_clean(p)
 
 
 def test_acks0_against_tansu_keeps_the_connection(broker, proxy):
     client_id = "fire-and-forget-tansu"
     p = _start_proxy(proxy, broker, [])
-    topic = _topic(broker, "acks0-tansu")
+    topic = fresh_topic(broker, "acks0-tansu")
     produce, _ = _acks0_produce(topic, 1, client_id, records=3)
     with socket.create_connection(p.address, timeout=5) as s:
         s.sendall(produce)
@@ -543,4 +478,4 @@ def test_acks0_against_tansu_keeps_the_connection(broker, proxy):
         frame = read_frame(s)
     assert frame is not None, "the proxy closed the connection after an acks=0 Produce"
     assert struct.unpack(">i", frame[:4])[0] == 2, "an answer to the acks=0 Produce reached the client"
-    _assert_clean(p)
+    assert_clean(p)

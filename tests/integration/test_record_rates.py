@@ -44,15 +44,26 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 import yaml
 from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse
 
+from tests.support import rate_runs
 from tests.support.proxy_process import REPO_ROOT, sum_samples
-from tests.support.tansu import TansuBroker
+from tests.support.rate_runs import (
+    Deliveries,
+    assert_clean,
+    assert_offsets_contiguous,
+    assert_within,
+    fill_topic,
+    fresh_topic,
+    greedy_librdkafka,
+    metric_delta,
+    rate_in_window,
+    throttle_time_max,
+)
 from tests.support.wire import read_frame, request_bytes
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -60,7 +71,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 WINDOWS = {"quota_window_num": 2, "quota_window_size_seconds": 1}
 RECORD_VALUE = b"r" * 100
 WARMUP_S = 2.0
-TOLERANCE = 0.10
 SCHEDULING_TOLERANCE_S = 0.020
 
 RECORD_QUOTA = 3000  # records/s: librdkafka reaches ~300,000 and kafka-python ~20,000 unthrottled here
@@ -73,23 +83,10 @@ BUILT_IN = ["quotas.limiters:RecordRateLimiter", "quotas.limiters:BatchRateLimit
 PAUSE_LIMITER = "tests.support.custom_limiter:PauseLimiter"
 BROKEN_LIMITER = "tests.support.custom_limiter:BrokenLimiter"
 
-
-@pytest.fixture(scope="module")
-def broker():
-    with TansuBroker() as b:
-        yield b
+broker = rate_runs.broker  # one Tansu for the module (a pytest fixture)
 
 
 # -- helpers -----------------------------------------------------------------------------------
-
-
-def _topic(broker, prefix: str) -> str:
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
-    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-    admin.create_topics([NewTopic(name, num_partitions=1, replication_factor=1)])[name].result(30)
-    return name
 
 
 def _start_proxy(proxy, broker, quotas: list[dict], rate_limiters: list | None = None):
@@ -97,41 +94,6 @@ def _start_proxy(proxy, broker, quotas: list[dict], rate_limiters: list | None =
     if rate_limiters is not None:
         extra["rate_limiters"] = rate_limiters
     return proxy([broker.bootstrap], extra_config=extra)
-
-
-def _assert_offsets_contiguous(offsets: list[int]) -> None:
-    """The broker gave the acknowledged records offsets 0..n-1: each was written exactly once."""
-    assert sorted(offsets) == list(range(len(offsets))), "acknowledged offsets are not 0..n-1"
-
-
-def _assert_clean(p) -> None:
-    log = p.log_text()
-    assert "Traceback" not in log and "level=ERROR" not in log, log[-5000:]
-
-
-def _delta(before: dict, after: dict, name: str, **labels) -> float:
-    return sum_samples(after, name, **labels) - sum_samples(before, name, **labels)
-
-
-def _rate(events: list[tuple[float, int]], start: float, end: float) -> float:
-    """Units per second of the (instant, units) events inside [start, end]."""
-    return sum(n for t, n in events if start <= t <= end) / (end - start)
-
-
-def _assert_within(what: str, rate: float, bound: float, unit: str = "records/s") -> None:
-    ratio = rate / bound
-    print(f"\n{what}: {rate:.1f} {unit} measured, bound {bound:g} {unit}, ratio {ratio:.3f}")
-    assert abs(ratio - 1) <= TOLERANCE, (
-        f"{what}: measured {rate:.1f} {unit} = {ratio:.3f} × {bound:g} {unit} (allowed ±{TOLERANCE:.0%})"
-    )
-
-
-def _throttle_time_max(client) -> float:
-    """kafka-python's own record of the longest throttle_time_ms it was sent."""
-    return max(
-        (v for group in client.metrics().values() for name, v in group.items() if name == "throttle-time-max"),
-        default=0,
-    )
 
 
 class GreedyKafkaPython:
@@ -187,15 +149,15 @@ class GreedyKafkaPython:
         self._thread.join(self.run_s + 30)
         try:
             self.producer.flush(30)
-            self.throttle_max_ms = _throttle_time_max(self.producer)
+            self.throttle_max_ms = throttle_time_max(self.producer)
         finally:
             self.producer.close(10)
 
     def rate(self) -> float:
-        return _rate(self.acks, self.start + WARMUP_S, self.end)
+        return rate_in_window(self.acks, self.start + WARMUP_S, self.end)
 
     def batch_rate(self) -> float:
-        return _rate(self.batch_acks, self.start + WARMUP_S, self.end)
+        return rate_in_window(self.batch_acks, self.start + WARMUP_S, self.end)
 
 
 # -- producer_record_rate ----------------------------------------------------------------------
@@ -203,59 +165,41 @@ class GreedyKafkaPython:
 
 def test_producer_record_rate_holds_back_librdkafka(broker, proxy):
     """librdkafka reports throttle_time_ms (throttle_cb) but keeps sending: the mute holds it."""
-    from confluent_kafka import KafkaError, Producer
+    from confluent_kafka import Producer
 
     client_id = "records-librdkafka"
     p = _start_proxy(proxy, broker, [{"client_id": client_id, "producer_record_rate": RECORD_QUOTA}])
-    topic = _topic(broker, "records-ck")
+    topic = fresh_topic(broker, "records-ck")
     before = p.metrics()
-    acks: list[tuple[float, int]] = []
-    offsets: list[int] = []
-    errors: list = []
+    delivered = Deliveries()
     throttles_s: list[float] = []
-
-    def on_delivery(err, msg):
-        if err is None:
-            acks.append((time.monotonic(), 1))
-            offsets.append(msg.offset())
-        elif err.code() != KafkaError._PURGE_QUEUE:
-            errors.append(err)
-
     producer = Producer({
         "bootstrap.servers": p.bootstrap, "client.id": client_id, "acks": "all",
         "enable.idempotence": False, "linger.ms": 5,
         "batch.num.messages": 100,  # a request is 1/30 of a second's quota
         "queue.buffering.max.messages": 1000,  # a bounded backlog, so the run ends promptly
+        "on_delivery": delivered,
         "throttle_cb": lambda event: throttles_s.append(event.throttle_time),
     })
-    start = time.monotonic()
-    end = start + RECORD_RUN_S
-    while time.monotonic() < end:
-        try:
-            producer.produce(topic, RECORD_VALUE, on_delivery=on_delivery)
-        except BufferError:
-            producer.poll(0.005)
-            continue
-        producer.poll(0)
-    producer.purge(in_queue=True, in_flight=False)  # never sent: not part of the measurement
-    assert producer.flush(30) == 0
+    start, end = greedy_librdkafka(producer, topic, RECORD_VALUE, RECORD_RUN_S)
     after = p.metrics()
 
-    assert errors == []
-    _assert_offsets_contiguous(offsets)
-    _assert_within("producer_record_rate (librdkafka)", _rate(acks, start + WARMUP_S, end), RECORD_QUOTA)
-    assert _delta(before, after, "kqp_quota_throttled_total", kind="producer_record_rate") > 0
+    assert delivered.errors == []
+    assert_offsets_contiguous(delivered.offsets)
+    assert_within("producer_record_rate (librdkafka)", rate_in_window(delivered.acks, start + WARMUP_S, end),
+                  RECORD_QUOTA)
+    assert metric_delta(before, after, "kqp_quota_throttled_total", kind="producer_record_rate") > 0
     assert throttles_s and max(throttles_s) > 0, "no response reached librdkafka with throttle_time_ms"
     assert sum_samples(after, "kqp_quota_bound", kind="producer_record_rate", client_id=client_id) == RECORD_QUOTA
-    assert _delta(before, after, "kqp_quota_throttled_total", kind="producer_byte_rate") == 0
-    _assert_clean(p)
+    assert metric_delta(before, after, "kqp_quota_throttled_total", kind="producer_byte_rate") == 0
+    assert_clean(p)
 
 
 def test_producer_record_rate_kafka_python(broker, proxy):
     """kafka-python waits throttle_time_ms out itself; the achieved rate is the same."""
     client_id = "records-kafka-python"
     p = _start_proxy(proxy, broker, [{"client_id": client_id, "producer_record_rate": RECORD_QUOTA}])
-    topic = _topic(broker, "records-kp")
+    topic = fresh_topic(broker, "records-kp")
     before = p.metrics()
     # 12 KiB batches: ~110 records of 100 B, a request is 1/27 of a second's quota.
     producer = GreedyKafkaPython(p.bootstrap, client_id, topic, batch_size=12 * 1024, run_s=RECORD_RUN_S)
@@ -263,11 +207,11 @@ def test_producer_record_rate_kafka_python(broker, proxy):
     after = p.metrics()
 
     assert producer.errors == []
-    _assert_offsets_contiguous(producer.offsets)
-    _assert_within("producer_record_rate (kafka-python)", producer.rate(), RECORD_QUOTA)
-    assert _delta(before, after, "kqp_quota_throttled_total", kind="producer_record_rate") > 0
+    assert_offsets_contiguous(producer.offsets)
+    assert_within("producer_record_rate (kafka-python)", producer.rate(), RECORD_QUOTA)
+    assert metric_delta(before, after, "kqp_quota_throttled_total", kind="producer_record_rate") > 0
     assert producer.throttle_max_ms > 0, "kafka-python never saw throttle_time_ms in a response"
-    _assert_clean(p)
+    assert_clean(p)
 
 
 # -- consumer_record_rate ----------------------------------------------------------------------
@@ -280,24 +224,7 @@ FILLED_RECORDS = int(RECORD_QUOTA * (RECORD_RUN_S + 5))  # 20 s at the quota, th
 def filled_topic(broker):
     """A one-partition topic of FILLED_RECORDS 100 B records in batches of 100, written straight
     to the broker (no proxy, no quota)."""
-    from confluent_kafka import Producer
-
-    topic = _topic(broker, "records-fetch")
-    offsets: list[int] = []
-    producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 5, "batch.num.messages": FILL_BATCH,
-                         "enable.idempotence": False, "acks": 1,
-                         "on_delivery": lambda err, msg: err is None and offsets.append(msg.offset())})
-    for _ in range(FILLED_RECORDS):
-        while True:
-            try:
-                producer.produce(topic, RECORD_VALUE)
-                break
-            except BufferError:
-                producer.poll(0.01)
-    assert producer.flush(60) == 0
-    _assert_offsets_contiguous(offsets)
-    assert len(offsets) == FILLED_RECORDS
-    return topic
+    return fill_topic(broker, "records-fetch", RECORD_VALUE, FILLED_RECORDS, {"batch.num.messages": FILL_BATCH})
 
 
 def test_consumer_record_rate_kafka_python(broker, filled_topic, proxy):
@@ -323,18 +250,18 @@ def test_consumer_record_rate_kafka_python(broker, filled_topic, proxy):
                 assert all(r.value == RECORD_VALUE for r in records)
                 received.append((time.monotonic(), len(records)))
                 offsets.extend(r.offset for r in records)
-        throttle_max_ms = _throttle_time_max(consumer)
+        throttle_max_ms = throttle_time_max(consumer)
     finally:
         consumer.close()
     after = p.metrics()
 
     assert len(offsets) < FILLED_RECORDS, "the consumer ran out of data: the measurement would not be of the quota"
     assert offsets == list(range(len(offsets))), "records were skipped or delivered twice"
-    _assert_within("consumer_record_rate (kafka-python)", _rate(received, start + WARMUP_S, end), RECORD_QUOTA)
-    assert _delta(before, after, "kqp_quota_throttled_total", kind="consumer_record_rate") > 0
+    assert_within("consumer_record_rate (kafka-python)", rate_in_window(received, start + WARMUP_S, end), RECORD_QUOTA)
+    assert metric_delta(before, after, "kqp_quota_throttled_total", kind="consumer_record_rate") > 0
     assert throttle_max_ms > 0, "kafka-python never saw throttle_time_ms in a fetch response"
     assert sum_samples(after, "kqp_quota_bound", kind="consumer_record_rate", client_id=client_id) == RECORD_QUOTA
-    _assert_clean(p)
+    assert_clean(p)
 
 
 # -- producer_batch_rate -----------------------------------------------------------------------
@@ -347,24 +274,24 @@ def test_producer_batch_rate_kafka_python(broker, proxy):
     holds the producer, not its speed (~20,000 records/s unthrottled)."""
     client_id = "batches-kafka-python"
     p = _start_proxy(proxy, broker, [{"client_id": client_id, "producer_batch_rate": BATCH_QUOTA}])
-    topic = _topic(broker, "batches-kp")
+    topic = fresh_topic(broker, "batches-kp")
     before = p.metrics()
     producer = GreedyKafkaPython(p.bootstrap, client_id, topic, batch_size=4096, run_s=SHORT_RUN_S)
     producer.run_in_background().finish()
     after = p.metrics()
 
     assert producer.errors == []
-    _assert_offsets_contiguous(producer.offsets)
+    assert_offsets_contiguous(producer.offsets)
     batches, records = len(producer.batch_acks), len(producer.acks)
-    assert _delta(before, after, "kqp_requests_total", api="Produce") == batches, "a batch is not one request"
+    assert metric_delta(before, after, "kqp_requests_total", api="Produce") == batches, "a batch is not one request"
     assert records / batches >= 20, f"{records} records in {batches} batches: the batches are not what is limited"
-    _assert_within("producer_batch_rate (kafka-python)", producer.batch_rate(), BATCH_QUOTA, unit="batches/s")
+    assert_within("producer_batch_rate (kafka-python)", producer.batch_rate(), BATCH_QUOTA, unit="batches/s")
     print(f"  ({producer.rate():.0f} records/s in {records / batches:.1f}-record batches)")
-    assert _delta(before, after, "kqp_quota_throttled_total", kind="producer_batch_rate") > 0
-    assert _delta(before, after, "kqp_quota_throttled_total", kind="producer_record_rate") == 0
+    assert metric_delta(before, after, "kqp_quota_throttled_total", kind="producer_batch_rate") > 0
+    assert metric_delta(before, after, "kqp_quota_throttled_total", kind="producer_record_rate") == 0
     assert producer.throttle_max_ms > 0
     assert sum_samples(after, "kqp_quota_bound", kind="producer_batch_rate", client_id=client_id) == BATCH_QUOTA
-    _assert_clean(p)
+    assert_clean(p)
 
 
 # -- a per-connector limit: a client-id glob ---------------------------------------------------
@@ -383,24 +310,15 @@ def test_connector_glob_holds_each_task_to_its_own_record_rate(broker, proxy):
     billing = "connector-producer-billing-0"
     p = _start_proxy(proxy, broker, [{"client_id": "connector-producer-orders-*", "producer_record_rate": CONNECTOR_QUOTA}])
     before = p.metrics()
-    tasks = [GreedyKafkaPython(p.bootstrap, cid, _topic(broker, cid), batch_size=4096, run_s=SHORT_RUN_S)
+    tasks = [GreedyKafkaPython(p.bootstrap, cid, fresh_topic(broker, cid), batch_size=4096, run_s=SHORT_RUN_S)
              for cid in orders]
-    billing_topic = _topic(broker, billing)
-    billing_acks: list[tuple[float, int]] = []
-    billing_offsets: list[int] = []
-    billing_errors: list = []
+    billing_topic = fresh_topic(broker, billing)
+    billing_delivered = Deliveries()
     billing_throttles: list[float] = []
-
-    def on_delivery(err, msg):
-        if err is None:
-            billing_acks.append((time.monotonic(), 1))
-            billing_offsets.append(msg.offset())
-        else:
-            billing_errors.append(err)
-
     billing_producer = Producer({
         "bootstrap.servers": p.bootstrap, "client.id": billing, "acks": "all", "enable.idempotence": False,
-        "linger.ms": 5, "throttle_cb": lambda event: billing_throttles.append(event.throttle_time),
+        "linger.ms": 5, "on_delivery": billing_delivered,
+        "throttle_cb": lambda event: billing_throttles.append(event.throttle_time),
     })
     offered_rate = 2 * CONNECTOR_QUOTA
     for task in tasks:
@@ -410,7 +328,7 @@ def test_connector_glob_holds_each_task_to_its_own_record_rate(broker, proxy):
     sent = 0
     while (now := time.monotonic()) < end:
         while sent < (now - start) * offered_rate:
-            billing_producer.produce(billing_topic, RECORD_VALUE, on_delivery=on_delivery)
+            billing_producer.produce(billing_topic, RECORD_VALUE)
             sent += 1
         billing_producer.poll(0.005)
     assert billing_producer.flush(30) == 0
@@ -420,19 +338,20 @@ def test_connector_glob_holds_each_task_to_its_own_record_rate(broker, proxy):
 
     for task in tasks:
         assert task.errors == []
-        _assert_offsets_contiguous(task.offsets)
-        _assert_within(f"producer_record_rate ({task.client_id})", task.rate(), CONNECTOR_QUOTA)
+        assert_offsets_contiguous(task.offsets)
+        assert_within(f"producer_record_rate ({task.client_id})", task.rate(), CONNECTOR_QUOTA)
         assert task.throttle_max_ms > 0
         assert sum_samples(after, "kqp_quota_bound", kind="producer_record_rate",
                            client_id=task.client_id) == CONNECTOR_QUOTA, "not an entity of its own"
-    assert billing_errors == []
-    _assert_offsets_contiguous(billing_offsets)
+    assert billing_delivered.errors == []
+    assert_offsets_contiguous(billing_delivered.offsets)
     # The billing task gets what it offers, twice the orders bound.
-    _assert_within(f"offered rate ({billing}, not limited)", _rate(billing_acks, start + WARMUP_S, end), offered_rate)
+    assert_within(f"offered rate ({billing}, not limited)",
+                  rate_in_window(billing_delivered.acks, start + WARMUP_S, end), offered_rate)
     assert not any(t > 0 for t in billing_throttles), f"{billing} was throttled: {billing_throttles}"
     assert sum_samples(after, "kqp_quota_bound", client_id=billing) == 0
-    assert _delta(before, after, "kqp_quota_throttled_total", kind="producer_record_rate") > 0
-    _assert_clean(p)
+    assert metric_delta(before, after, "kqp_quota_throttled_total", kind="producer_record_rate") > 0
+    assert_clean(p)
 
 
 # -- a custom limiter by dotted path -----------------------------------------------------------
@@ -499,7 +418,7 @@ def test_custom_limiter_by_dotted_path_and_the_longest_throttle_applies_once(bro
         *BUILT_IN,
         {"class": PAUSE_LIMITER, "config": {"client_id": "paused-*", "pause_ms": pause_ms, "calls_file": str(calls_file)}},
     ])
-    topic = _topic(broker, "paused")
+    topic = fresh_topic(broker, "paused")
     before = p.metrics()
 
     # 1. Raw requests, each client id a fresh entity, so each record throttle is known exactly.
@@ -562,9 +481,9 @@ def test_custom_limiter_by_dotted_path_and_the_longest_throttle_applies_once(bro
     assert [t for t in paused if t > 0] == [pause_ms / 1000] * produce_requests, paused
     assert not any(t > 0 for t in other), other
     # Only the two raw requests over the record quota were throttled for it.
-    assert _delta(before, after, "kqp_quota_throttled_total", kind="producer_record_rate") == 2
+    assert metric_delta(before, after, "kqp_quota_throttled_total", kind="producer_record_rate") == 2
     assert sum_samples(after, "kqp_rate_limiter_failures_total") == 0
-    _assert_clean(p)
+    assert_clean(p)
 
 
 def test_a_failing_limiter_is_counted_and_logged_and_the_connection_kept(broker, proxy):
@@ -573,7 +492,7 @@ def test_a_failing_limiter_is_counted_and_logged_and_the_connection_kept(broker,
     client_id, quota = "beside-a-broken-limiter", 1000
     p = _start_proxy(proxy, broker, [{"client_id": client_id, "producer_record_rate": quota}],
                      rate_limiters=[*BUILT_IN, BROKEN_LIMITER])
-    topic = _topic(broker, "broken")
+    topic = fresh_topic(broker, "broken")
 
     # One connection: every request is answered on it, and the working limiters still apply.
     with socket.create_connection(p.address, timeout=10) as s:
