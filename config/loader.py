@@ -17,6 +17,7 @@ from .model import (
     DEFAULT_RATE_LIMITERS,
     Config,
     ControllerMutation,
+    LeaderDiscovery,
     ListenConfig,
     MetricsConfig,
     ProducerIdQuota,
@@ -28,7 +29,7 @@ from .model import (
 
 _SECTIONS = {
     "upstream", "listen", "metrics", "quota_windows", "quota_entities", "quotas",
-    "controller_mutation", "producer_id_quota", "rate_limiters",
+    "controller_mutation", "producer_id_quota", "rate_limiters", "leader_discovery",
 }
 
 
@@ -70,6 +71,22 @@ def parse_config(data: Any) -> Config:
         controller_mutation=_controller_mutation(root.get("controller_mutation", {}), "controller_mutation"),
         producer_id_quota=_producer_id_quota(root.get("producer_id_quota", {}), "producer_id_quota"),
         rate_limiters=limiters,
+        leader_discovery=_leader_discovery(root.get("leader_discovery", {}), "leader_discovery"),
+    )
+
+
+def _leader_discovery(data: Any, path: str) -> LeaderDiscovery:
+    d = LeaderDiscovery()
+    m = _mapping(data, path, set(vars(d)))
+    for key in ("fill_hints", "uplift"):
+        if not isinstance(m.get(key, True), bool):
+            raise ConfigError(f"{path}.{key}", f"must be true or false, got {m[key]!r}")
+    return LeaderDiscovery(
+        fill_hints=m.get("fill_hints", d.fill_hints),
+        uplift=m.get("uplift", d.uplift),
+        expedited_refresh_min_interval_ms=_int(
+            m, "expedited_refresh_min_interval_ms", path, d.expedited_refresh_min_interval_ms, 0, 600_000
+        ),
     )
 
 

@@ -64,6 +64,18 @@ class ControllerMutation:
 
 
 @dataclass(frozen=True)
+class LeaderDiscovery:
+    """KIP-951 through the proxy."""
+
+    # Fill CurrentLeader + NodeEndpoints from the leader cache when the broker sent none.
+    fill_hints: bool = True
+    # Offer Produce v10 / Fetch v16 to clients of brokers that stop at Produce v9 / Fetch v15.
+    uplift: bool = True
+    # At most one expedited metadata refresh per this interval (topics asked for meanwhile wait).
+    expedited_refresh_min_interval_ms: int = 50
+
+
+@dataclass(frozen=True)
 class ProducerIdQuota:
     """KIP-936's broker settings under their Kafka names (dots as underscores), and what the
     proxy does with a request that brings a producer id over the quota."""
@@ -113,3 +125,4 @@ class Config:
     controller_mutation: ControllerMutation = field(default_factory=ControllerMutation)
     producer_id_quota: ProducerIdQuota = field(default_factory=ProducerIdQuota)
     rate_limiters: tuple[RateLimiterSpec, ...] = DEFAULT_RATE_LIMITERS
+    leader_discovery: LeaderDiscovery = field(default_factory=LeaderDiscovery)

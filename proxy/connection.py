@@ -111,7 +111,7 @@ class ClientConnection(asyncio.Protocol):
         "server", "cluster", "stats", "chain", "node_id", "session", "label", "transport",
         "upstream", "_reader", "_pending", "_awaiting_upstream", "_unsent", "_closed",
         "_raw_sasl_frames", "_close_when_drained", "gate", "_connect_task", "_muted_until", "_unmute",
-        "_deferred", "_held", "_held_error", "_acks0",
+        "_deferred", "_held", "_held_error", "_acks0", "uplift",
     )
 
     def __init__(self, server: ProxyServer, node_id: int | None) -> None:
@@ -139,6 +139,9 @@ class ClientConnection(asyncio.Protocol):
         self._unmute: asyncio.TimerHandle | None = None
         self.gate: ReadGate | None = None
         self._connect_task: asyncio.Task | None = None
+        # KIP-951 uplift: api key -> the version this broker has, for requests the client
+        # sends one version higher (set from the broker's ApiVersions answer).
+        self.uplift: dict[int, int] | None = None
 
     # -- client side ------------------------------------------------------------------------
 

@@ -58,6 +58,11 @@ async def fetch_brokers(address: tuple[str, int], timeout_s: float) -> list[tupl
 async def fetch_topics(address: tuple[str, int], names: list[str], ids: list, timeout_s: float):
     """Metadata for the given topic names and ids (ids need Metadata v10+); returns the
     response's topics."""
+    return (await fetch_topic_metadata(address, names, ids, timeout_s)).topics
+
+
+async def fetch_topic_metadata(address: tuple[str, int], names: list[str], ids: list, timeout_s: float):
+    """The MetadataResponse (brokers and topics) for the given topic names and ids."""
     reader, writer = await asyncio.wait_for(asyncio.open_connection(*address), timeout_s)
     try:
         async with asyncio.timeout(timeout_s):
@@ -69,7 +74,7 @@ async def fetch_topics(address: tuple[str, int], names: list[str], ids: list, ti
             if ids and version >= 10:
                 topics += [T(name=None, topic_id=i) for i in ids]
             request = MetadataRequest[version](topics=topics, allow_auto_topic_creation=False)
-            return (await _round_trip(reader, writer, request, 2)).topics
+            return await _round_trip(reader, writer, request, 2)
     finally:
         writer.close()
 

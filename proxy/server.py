@@ -22,8 +22,10 @@ from .filters.api_versions import ApiVersionsFilter
 from .filters.endpoints import EndpointRewriteFilter
 from .filters.sasl import SaslFilter
 from .http import MetricsEndpoint
+from .leaders import ExpeditedRefresher, LeaderCache, LeaderCollector
 from .refresh import refresh_forever, refresh_once
 from .filters.controller_mutation import ControllerMutationFilter
+from .filters.leaders import LeaderHintFilter, UpliftFilter
 from .filters.limiters import RateLimiterFilter
 from .filters.producer_ids import ProducerIdQuotaFilter
 from .filters.quotas import RateQuotaFilter, now_ms
@@ -40,8 +42,9 @@ def default_chain(
     topics: TopicCache,
     producer_ids: ProducerIdQuotaFilter,
     limiters: RateLimiterFilter,
+    leader_hints: LeaderHintFilter,
 ) -> FilterChain:
-    api_versions = ApiVersionsFilter()
+    api_versions = ApiVersionsFilter(uplift=config.leader_discovery.uplift)
     sasl = SaslFilter()
     w = config.quota_windows
     rates = RateQuotaFilter(quota_manager, max(w.quota_window_num - 1, 1) * w.quota_window_size_seconds)
@@ -51,9 +54,11 @@ def default_chain(
     )
     return FilterChain(
         # A Produce rejected for its producer ids is not shown to the record limiters.
-        request_filters=[rates, api_versions, sasl, mutations, producer_ids, limiters],
-        # Record limiters see a Fetch response after the byte quota may have emptied it.
-        response_filters=[rates, limiters, api_versions, EndpointRewriteFilter(), sasl, mutations],
+        # Uplift last: every filter reads the request at the version the client used.
+        request_filters=[rates, api_versions, sasl, mutations, producer_ids, limiters, UpliftFilter()],
+        # Record limiters see a Fetch response after the byte quota may have emptied it; leader
+        # hints are filled in with broker addresses before the endpoint filter rewrites them.
+        response_filters=[rates, limiters, api_versions, leader_hints, EndpointRewriteFilter(), sasl, mutations],
     )
 
 
@@ -108,8 +113,14 @@ class ProxyServer:
         self.limiter_filter = RateLimiterFilter(self.limiters)
         self.registry.register(ProducerIdCollector(self.producer_ids, self.producer_id_filter, self.limiter_filter, now_ms))
         self.topics = TopicCache()
-        self.chain = default_chain(config, self.quotas, self.topics, self.producer_id_filter, self.limiter_filter)
         self.cluster = Cluster(config, self.stats, self._serve_node)
+        self.leaders = LeaderCache()
+        ld = config.leader_discovery
+        self.refresher = ExpeditedRefresher(self.cluster, self.leaders, self.stats, config.upstream.connect_timeout_s,
+                                            ld.expedited_refresh_min_interval_ms / 1000)
+        self.registry.register(LeaderCollector(self.leaders, self.stats))
+        self.chain = default_chain(config, self.quotas, self.topics, self.producer_id_filter, self.limiter_filter,
+                                   LeaderHintFilter(self.leaders, self.refresher, ld.fill_hints))
         self.connections: set[ClientConnection] = set()
         self._servers: list[asyncio.AbstractServer] = []
         self._tasks: set[asyncio.Task] = set()
@@ -137,6 +148,7 @@ class ProxyServer:
         if not await refresh_once(self.cluster, self.stats, up.connect_timeout_s):
             log.warning("no bootstrap server answered yet; brokers will be learned when one does")
         self._spawn(refresh_forever(self.cluster, self.stats, up.metadata_refresh_interval_s, up.connect_timeout_s))
+        self._spawn(self._refresh_leaders(up.metadata_refresh_interval_s))
         self._spawn(self._expire_quota_entities())
         self._spawn(self._clean_producer_ids())
 
@@ -144,6 +156,14 @@ class ProxyServer:
         while True:
             await asyncio.sleep(60)
             self.quotas.expire(now_ms())
+
+    async def _refresh_leaders(self, interval_s: float) -> None:
+        """The proxy's own refresh of the leaders of every topic clients have used."""
+        while True:
+            await asyncio.sleep(interval_s)
+            topics = sorted(self.leaders.topics())
+            if topics:
+                await self.refresher.refresh(topics, "periodic_leaders")
 
     async def _clean_producer_ids(self) -> None:
         # KIP-936's producer.id.quota.cache.cleanup.scheduler.interval.ms.
@@ -196,6 +216,7 @@ class ProxyServer:
     async def stop(self) -> None:
         for task in list(self._tasks):
             task.cancel()
+        self.refresher.close()
         for limiter in self.limiters:
             _close_limiter(limiter)
         self.limiters = []

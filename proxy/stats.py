@@ -55,6 +55,10 @@ class ProxyStats:
         self.metadata_refreshes: defaultdict[str, int] = defaultdict(int)
         # Record sets whose batch headers could not be read (forwarded as they are, uncharged).
         self.records_scan_failures: defaultdict[str, int] = defaultdict(int)
+        # KIP-951: per NOT_LEADER / FENCED_LEADER_EPOCH partition, where its leader hint came
+        # from: "broker", "proxy" (filled from the leader cache) or "none".
+        self.leader_hints: defaultdict[str, int] = defaultdict(int)
+        self.uplifted_requests: defaultdict[str, int] = defaultdict(int)
 
 
 class StatsCollector(Collector):

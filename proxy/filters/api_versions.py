@@ -8,6 +8,7 @@ from protocol.headers import encode_response_header, response_body_offset
 from protocol.messages import decode_response, encode_body
 
 from .base import Answer
+from .leaders import uplifted_caps
 
 # APIs whose responses the proxy decodes: clients must not use a version it cannot parse.
 _DECODED = (
@@ -36,11 +37,13 @@ def default_caps() -> dict[int, int | None]:
 class ApiVersionsFilter:
     api_keys = frozenset({ApiKey.API_VERSIONS})
 
-    def __init__(self, caps: dict[int, int | None] | None = None) -> None:
+    def __init__(self, caps: dict[int, int | None] | None = None, uplift: bool = False) -> None:
         self.caps = default_caps() if caps is None else caps
         self.max_version = SPECS[ApiKey.API_VERSIONS].max_version
-        # A broker answers ApiVersions with the same body every time: rewrite each body once.
-        self._rewritten: dict[tuple[int, bytes], bytes] = {}
+        self.uplift = uplift  # KIP-951: offer Produce v10 / Fetch v16 over v9 / v15 brokers
+        # A broker answers ApiVersions with the same body every time: rewrite each body once
+        # (with the versions this connection's requests must go up as, see UpliftFilter).
+        self._rewritten: dict[tuple[int, bytes], tuple[bytes, dict[int, int]]] = {}
 
     def on_request(self, conn, header, frame, entry):
         if header.api_version > self.max_version:
@@ -53,14 +56,20 @@ class ApiVersionsFilter:
     def on_response(self, conn, entry, frame):
         offset = response_body_offset(frame, entry.api_key, entry.api_version)
         key = (entry.api_version, bytes(frame[offset:]))
-        body = self._rewritten.get(key)
-        if body is None:
+        done = self._rewritten.get(key)
+        if done is None:
             resp = decode_response(entry.api_key, entry.api_version, key[1])
-            body = key[1] if resp.error_code != 0 else self._capped(resp)
+            done = (key[1], {}) if resp.error_code != 0 else self._capped(resp)
             if len(self._rewritten) < 64:  # a handful of brokers x versions
-                self._rewritten[key] = body
+                self._rewritten[key] = done
+        body, conn.uplift = done
         return bytes(frame[:offset]) + body
 
-    def _capped(self, resp) -> bytes:
+    def _capped(self, resp) -> tuple[bytes, dict[int, int]]:
+        broker_max = {e.api_key: e.max_version for e in resp.api_keys}
         rewrite.cap_api_versions(resp, self.caps)
-        return encode_body(resp)
+        uplift = uplifted_caps(broker_max, self.uplift)
+        for e in resp.api_keys:
+            if e.api_key in uplift and e.max_version == uplift[e.api_key]:
+                e.max_version += 1
+        return encode_body(resp), uplift

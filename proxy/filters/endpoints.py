@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from protocol import rewrite
 from protocol.apis import ApiKey
 from protocol.headers import response_body_offset
@@ -31,5 +33,7 @@ class EndpointRewriteFilter:
         resp = decode_response(key, version, memoryview(frame)[offset:])
         if key == ApiKey.METADATA:
             conn.server.topics.observe_metadata(resp)
+            # Before the rewrite: the leader cache keeps the brokers' own view.
+            conn.server.leaders.observe_metadata(resp.topics, time.monotonic())
         rewrite.ENDPOINT_REWRITERS[key](resp, conn.cluster.advertise)
         return bytes(frame[:offset]) + encode_body(resp)

@@ -1,0 +1,121 @@
+"""KIP-951 in the proxy: leader hints on failed Produce / Fetch partitions, and version uplift.
+
+* :class:`LeaderHintFilter` (responses): a Produce v10+ / Fetch v16+ partition that failed with
+  NOT_LEADER_OR_FOLLOWER or FENCED_LEADER_EPOCH either carries the broker's ``CurrentLeader``
+  (learned into the cache; its ``NodeEndpoints`` are rewritten to proxy addresses by the
+  endpoint filter that runs next), or, from a broker before Kafka 3.7, carries nothing: then an
+  expedited metadata refresh is asked for and, when the cache knows a leader other than the
+  broker that just refused, ``CurrentLeader`` and ``NodeEndpoints`` are filled in from it.
+* :class:`UpliftFilter` (requests): a client may speak Produce v10 / Fetch v16 to a broker that
+  stops at Produce v9 / Fetch v15. The request bodies are identical, so the request goes up
+  with the lower version number; the response body of the lower version is a valid body of the
+  higher one (the new fields are tagged), so it comes back as it is.
+"""
+
+from __future__ import annotations
+
+import time
+
+from protocol import errors
+from protocol.apis import SPECS, ApiKey, api_name
+from protocol.headers import response_body_offset
+from protocol.messages import decode_response, encode_body
+from protocol.scan import scan_fetch_response, scan_produce_response
+
+from ..leaders import ExpeditedRefresher, LeaderCache
+from .base import Forward
+
+# First versions whose responses carry KIP-951's CurrentLeader + NodeEndpoints.
+HINTS_SINCE = {ApiKey.PRODUCE: 10, ApiKey.FETCH: 16}
+# Uplift is exact only from the version just below: the request bodies are the same.
+UPLIFT_FROM = {ApiKey.PRODUCE: 9, ApiKey.FETCH: 15}
+_SCANNERS = {ApiKey.PRODUCE: scan_produce_response, ApiKey.FETCH: scan_fetch_response}
+_MOVED = frozenset({errors.NOT_LEADER_OR_FOLLOWER, errors.FENCED_LEADER_EPOCH})
+
+
+class LeaderHintFilter:
+    api_keys = frozenset()
+    response_api_keys = frozenset(HINTS_SINCE)
+
+    def __init__(self, cache: LeaderCache, refresher: ExpeditedRefresher | None, fill: bool = True) -> None:
+        self.cache = cache
+        self.refresher = refresher
+        self.fill = fill
+
+    def on_response(self, conn, entry, frame):
+        key, version = entry.api_key, entry.api_version
+        if version < HINTS_SINCE[key]:
+            return frame
+        offset = response_body_offset(frame, key, version)
+        if _MOVED.isdisjoint(_SCANNERS[key](memoryview(frame)[offset:], version).error_codes):
+            return frame  # the hot path: no partition moved
+        resp = decode_response(key, version, memoryview(frame)[offset:])
+        filled = self._hint(conn, key, version, resp)
+        return bytes(frame[:offset]) + encode_body(resp) if filled else frame
+
+    def _hint(self, conn, key: int, version: int, resp) -> bool:
+        """Learns the broker's hints, fills the missing ones it can; True if it filled any."""
+        cache, stats, now_s = self.cache, conn.stats, time.monotonic()
+        cls = SPECS[key].response[version]
+        partition_cls = (cls.TopicProduceResponse.PartitionProduceResponse if key == ApiKey.PRODUCE
+                         else cls.FetchableTopicResponse.PartitionData)
+        endpoints = {ep.node_id for ep in resp.node_endpoints or ()}
+        filled, unknown_topics = False, set()
+        for topic in resp.responses:
+            name = topic.name if version < 13 else cache.name_of(topic.topic_id)
+            partitions = topic.partition_responses if key == ApiKey.PRODUCE else topic.partitions
+            for p in partitions:
+                if p.error_code not in _MOVED:
+                    continue
+                index = p.index if key == ApiKey.PRODUCE else p.partition_index
+                hint = p.current_leader
+                if hint is not None and hint.leader_id >= 0 and hint.leader_epoch >= 0:
+                    stats.leader_hints["broker"] += 1
+                    if name is not None:
+                        cache.observe(name, index, hint.leader_id, hint.leader_epoch, now_s)
+                    continue
+                if name is not None:
+                    unknown_topics.add(name)
+                known = cache.leader(name, index) if (self.fill and name is not None) else None
+                # Only a leader other than the broker that refused, at a known epoch, with an
+                # address: never a hint the proxy is not sure of (an empty one is always fine).
+                # The client applies it only if its epoch is newer than its own (KIP-951).
+                if (known is None or known.epoch < 0 or conn.node_id is None or known.leader == conn.node_id
+                        or known.leader not in conn.cluster.brokers):
+                    stats.leader_hints["none"] += 1
+                    continue
+                p.current_leader = partition_cls.LeaderIdAndEpoch(leader_id=known.leader, leader_epoch=known.epoch)
+                if known.leader not in endpoints:
+                    host, port = conn.cluster.brokers[known.leader]
+                    resp.node_endpoints = [*(resp.node_endpoints or ()),
+                                           cls.NodeEndpoint(node_id=known.leader, host=host, port=port, rack=None)]
+                    endpoints.add(known.leader)
+                stats.leader_hints["proxy"] += 1
+                filled = True
+        if unknown_topics and self.refresher is not None:
+            self.refresher.request(unknown_topics)
+        return filled
+
+
+class UpliftFilter:
+    """Sends Produce v10 / Fetch v16 to a broker that only has v9 / v15 (see the module doc)."""
+
+    api_keys = frozenset(UPLIFT_FROM)
+
+    def on_request(self, conn, header, frame, entry):
+        lower = conn.uplift.get(header.api_key) if conn.uplift else None
+        if lower is None or header.api_version <= lower:
+            return None
+        conn.stats.uplifted_requests[api_name(header.api_key)] += 1
+        # The version is bytes 2-3 of the request header; the response is parsed at the
+        # client's version (entry.api_version), whose body the lower version's body already is.
+        patched = bytearray(frame)
+        patched[2:4] = lower.to_bytes(2, "big")
+        return Forward(bytes(patched))
+
+
+def uplifted_caps(broker_max: dict[int, int], enabled: bool) -> dict[int, int]:
+    """{api key: broker's max} for the APIs to advertise one version higher than the broker has."""
+    if not enabled:
+        return {}
+    return {key: lower for key, lower in UPLIFT_FROM.items() if broker_max.get(key) == lower}
