@@ -87,6 +87,7 @@ def _leader_discovery(data: Any, path: str) -> LeaderDiscovery:
         expedited_refresh_min_interval_ms=_int(
             m, "expedited_refresh_min_interval_ms", path, d.expedited_refresh_min_interval_ms, 0, 600_000
         ),
+        hint_wait_ms=_int(m, "hint_wait_ms", path, d.hint_wait_ms, 0, 60_000),
     )
 
 

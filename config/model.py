@@ -73,6 +73,9 @@ class LeaderDiscovery:
     uplift: bool = True
     # At most one expedited metadata refresh per this interval (topics asked for meanwhile wait).
     expedited_refresh_min_interval_ms: int = 50
+    # A failed partition with no hint to give waits up to this long for the expedited refresh
+    # it started, so even the first failure after a move can carry the new leader (0: no wait).
+    hint_wait_ms: int = 100
 
 
 @dataclass(frozen=True)

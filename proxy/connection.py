@@ -25,7 +25,7 @@ from protocol.produce import produce_acks
 from protocol.throttle import with_throttle
 from protocol.scan import ScanError
 
-from .filters.base import Answer, Close, Defer, Forward
+from .filters.base import Answer, Close, Defer, Forward, Hold
 from .flow import ReadGate
 from .principal import ANONYMOUS, SaslError, principal_from_client_token, scram_exchange_complete
 
@@ -111,7 +111,7 @@ class ClientConnection(asyncio.Protocol):
         "server", "cluster", "stats", "chain", "node_id", "session", "label", "transport",
         "upstream", "_reader", "_pending", "_awaiting_upstream", "_unsent", "_closed",
         "_raw_sasl_frames", "_close_when_drained", "gate", "_connect_task", "_muted_until", "_unmute",
-        "_deferred", "_held", "_held_error", "_acks0", "uplift",
+        "_deferred", "_held", "_held_error", "_acks0", "uplift", "_holding",
     )
 
     def __init__(self, server: ProxyServer, node_id: int | None) -> None:
@@ -142,6 +142,7 @@ class ClientConnection(asyncio.Protocol):
         # KIP-951 uplift: api key -> the version this broker has, for requests the client
         # sends one version higher (set from the broker's ApiVersions answer).
         self.uplift: dict[int, int] | None = None
+        self._holding: set[asyncio.Task] = set()  # responses a filter is holding (Hold)
 
     # -- client side ------------------------------------------------------------------------
 
@@ -410,14 +411,39 @@ class ClientConnection(asyncio.Protocol):
             if corr != entry.correlation_id:
                 self._upstream_failed(f"correlation id {corr}, expected {entry.correlation_id}")
                 return
-            for f in self.chain.response.get(entry.api_key, ()):
-                frame = f.on_response(self, entry, frame)
-            if entry.on_response is not None:
-                frame = entry.on_response(frame)
-            if entry.throttle_ms:
-                # KIP-219: throttle_time_ms = max(the broker's, every quota the proxy applied).
-                frame = with_throttle(entry.api_key, entry.api_version, frame, entry.throttle_ms)
+            self._respond(entry, frame, self.chain.response.get(entry.api_key, ()))
+            return
         self._complete(entry, frame)
+
+    def _respond(self, entry: InFlight, frame, filters) -> None:
+        """Runs the response filters, then completes the entry; a filter may hold it (Hold)."""
+        for i, f in enumerate(filters):
+            frame = f.on_response(self, entry, frame)
+            if isinstance(frame, Hold):
+                task = asyncio.get_running_loop().create_task(frame.frame)
+                self._holding.add(task)
+                rest = filters[i + 1 :]
+                task.add_done_callback(lambda t: self._resume_response(t, entry, rest))
+                return
+        if entry.on_response is not None:
+            frame = entry.on_response(frame)
+        if entry.throttle_ms:
+            # KIP-219: throttle_time_ms = max(the broker's, every quota the proxy applied).
+            frame = with_throttle(entry.api_key, entry.api_version, frame, entry.throttle_ms)
+        self._complete(entry, frame)
+
+    def _resume_response(self, task: asyncio.Task, entry: InFlight, rest) -> None:
+        self._holding.discard(task)
+        if self._closed or task.cancelled():
+            return
+        try:
+            self._respond(entry, task.result(), rest)
+        except (DecodeError, ScanError, HeaderError) as exc:
+            self.stats.decode_failures += 1
+            self._upstream_failed(f"undecodable response: {exc}")
+        except Exception:
+            log.exception("response filter failed for %s; closing it", self.label)
+            self._close()
 
     def _complete(self, entry: InFlight, frame) -> None:
         entry.response = frame
@@ -485,6 +511,8 @@ class ClientConnection(asyncio.Protocol):
             self._connect_task.cancel()
         if self._deferred is not None:
             self._deferred.cancel()
+        for task in self._holding:
+            task.cancel()
         if self.upstream is not None and self.upstream.transport is not None:
             self.upstream.transport.close()
         self._pending.clear()

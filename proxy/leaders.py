@@ -103,27 +103,42 @@ class ExpeditedRefresher:
         self.timeout_s = timeout_s
         self.min_interval_s = min_interval_s
         self._pending: set[str] = set()
+        self._waiters: list[asyncio.Future] = []  # resolved when the next round is done
         self._task: asyncio.Task | None = None
         self._last_s = 0.0
 
-    def request(self, topics: Iterable[str]) -> None:
+    def request(self, topics: Iterable[str]) -> asyncio.Future:
+        """Asks for the topics' metadata; the future is done once a refresh that includes them
+        has finished (whether or not a broker answered). Never cancel it: wait on it."""
         self._pending.update(topics)
-        if self._pending and (self._task is None or self._task.done()):
+        done = asyncio.get_running_loop().create_future()
+        self._waiters.append(done)
+        if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run())
+        return done
 
     def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
         self._pending.clear()
+        for waiter in self._waiters:
+            waiter.cancel()
 
     async def _run(self) -> None:
-        while self._pending:
+        while self._pending or self._waiters:
             wait_s = self._last_s + self.min_interval_s - time.monotonic()
             if wait_s > 0:
                 await asyncio.sleep(wait_s)
             topics, self._pending = sorted(self._pending), set()
+            waiters, self._waiters = self._waiters, []
             self._last_s = time.monotonic()
-            await self.refresh(topics, "expedited")
+            try:
+                if topics:
+                    await self.refresh(topics, "expedited")
+            finally:
+                for waiter in waiters:
+                    if not waiter.done():
+                        waiter.set_result(None)
 
     async def refresh(self, topics: list[str], reason: str) -> bool:
         """Metadata for ``topics`` from the first broker that answers, into the cache."""

@@ -120,7 +120,8 @@ class ProxyServer:
                                             ld.expedited_refresh_min_interval_ms / 1000)
         self.registry.register(LeaderCollector(self.leaders, self.stats))
         self.chain = default_chain(config, self.quotas, self.topics, self.producer_id_filter, self.limiter_filter,
-                                   LeaderHintFilter(self.leaders, self.refresher, ld.fill_hints))
+                                   LeaderHintFilter(self.leaders, self.refresher, ld.fill_hints,
+                                                    ld.hint_wait_ms / 1000))
         self.connections: set[ClientConnection] = set()
         self._servers: list[asyncio.AbstractServer] = []
         self._tasks: set[asyncio.Task] = set()

@@ -3,7 +3,7 @@
 A request filter sees the parsed header, the raw frame and the request's in-flight entry (where
 it may note a throttle) and returns ``None`` (pass on to the next filter, then forward), :class:`Forward` with rewritten bytes, :class:`Answer` (the proxy
 responds itself) or :class:`Close`. A response filter returns the frame to send on (the same
-object when it changed nothing). Frames here never include the 4-byte size prefix.
+object when it changed nothing), or :class:`Hold`. Frames here never include the 4-byte size prefix.
 """
 
 from __future__ import annotations
@@ -39,6 +39,14 @@ class Defer:
     reading, awaits ``decision`` and applies it, keeping request order."""
 
     decision: Awaitable
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """A response filter that must wait first (e.g. for a metadata refresh): ``frame`` resolves
+    to the frame to pass on to the next filter. The response keeps its place in order."""
+
+    frame: Awaitable
 
 
 RequestDecision = Forward | Answer | Close | Defer | None

@@ -5,7 +5,9 @@
   (learned into the cache; its ``NodeEndpoints`` are rewritten to proxy addresses by the
   endpoint filter that runs next), or, from a broker before Kafka 3.7, carries nothing: then an
   expedited metadata refresh is asked for and, when the cache knows a leader other than the
-  broker that just refused, ``CurrentLeader`` and ``NodeEndpoints`` are filled in from it.
+  broker that just refused, ``CurrentLeader`` and ``NodeEndpoints`` are filled in from it; if it
+  does not yet, the response waits (up to ``hint_wait_ms``) for that refresh, so even the first
+  failure after a move can name the new leader. The response keeps its place in order.
 * :class:`UpliftFilter` (requests): a client may speak Produce v10 / Fetch v16 to a broker that
   stops at Produce v9 / Fetch v15. The request bodies are identical, so the request goes up
   with the lower version number; the response body of the lower version is a valid body of the
@@ -14,6 +16,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from protocol import errors
@@ -23,7 +26,7 @@ from protocol.messages import decode_response, encode_body
 from protocol.scan import scan_fetch_response, scan_produce_response
 
 from ..leaders import ExpeditedRefresher, LeaderCache
-from .base import Forward
+from .base import Forward, Hold
 
 # First versions whose responses carry KIP-951's CurrentLeader + NodeEndpoints.
 HINTS_SINCE = {ApiKey.PRODUCE: 10, ApiKey.FETCH: 16}
@@ -37,10 +40,12 @@ class LeaderHintFilter:
     api_keys = frozenset()
     response_api_keys = frozenset(HINTS_SINCE)
 
-    def __init__(self, cache: LeaderCache, refresher: ExpeditedRefresher | None, fill: bool = True) -> None:
+    def __init__(self, cache: LeaderCache, refresher: ExpeditedRefresher | None, fill: bool = True,
+                 wait_s: float = 0.0) -> None:
         self.cache = cache
         self.refresher = refresher
         self.fill = fill
+        self.wait_s = wait_s  # how long a response without a hint may wait for the refresh
 
     def on_response(self, conn, entry, frame):
         key, version = entry.api_key, entry.api_version
@@ -50,17 +55,31 @@ class LeaderHintFilter:
         if _MOVED.isdisjoint(_SCANNERS[key](memoryview(frame)[offset:], version).error_codes):
             return frame  # the hot path: no partition moved
         resp = decode_response(key, version, memoryview(frame)[offset:])
-        filled = self._hint(conn, key, version, resp)
+        missing = self._learn(conn, key, version, resp)
+        filled = [m for m in missing if self._fill(conn, key, version, resp, m)]
+        missing = [m for m in missing if m not in filled]
+        topics = {name for name, _, _ in missing if name is not None}
+        if topics and self.refresher is not None:
+            refreshed = self.refresher.request(topics)
+            if self.fill and self.wait_s > 0 and conn.node_id is not None:
+                head = bytes(frame[:offset])
+                return Hold(self._after_refresh(conn, key, version, resp, head, bytes(frame), missing,
+                                                bool(filled), refreshed))
+        conn.stats.leader_hints["none"] += len(missing)
         return bytes(frame[:offset]) + encode_body(resp) if filled else frame
 
-    def _hint(self, conn, key: int, version: int, resp) -> bool:
-        """Learns the broker's hints, fills the missing ones it can; True if it filled any."""
+    async def _after_refresh(self, conn, key, version, resp, head: bytes, original: bytes, missing,
+                             filled_before: bool, refreshed):
+        """The response once the expedited refresh is in (or ``wait_s`` has passed)."""
+        await asyncio.wait({refreshed}, timeout=self.wait_s)
+        filled = [m for m in missing if self._fill(conn, key, version, resp, m)]
+        conn.stats.leader_hints["none"] += len(missing) - len(filled)
+        return head + encode_body(resp) if (filled or filled_before) else original
+
+    def _learn(self, conn, key: int, version: int, resp) -> list:
+        """Learns the broker's hints; returns (topic, index, partition) of those without one."""
         cache, stats, now_s = self.cache, conn.stats, time.monotonic()
-        cls = SPECS[key].response[version]
-        partition_cls = (cls.TopicProduceResponse.PartitionProduceResponse if key == ApiKey.PRODUCE
-                         else cls.FetchableTopicResponse.PartitionData)
-        endpoints = {ep.node_id for ep in resp.node_endpoints or ()}
-        filled, unknown_topics = False, set()
+        missing = []
         for topic in resp.responses:
             name = topic.name if version < 13 else cache.name_of(topic.topic_id)
             partitions = topic.partition_responses if key == ApiKey.PRODUCE else topic.partitions
@@ -73,28 +92,30 @@ class LeaderHintFilter:
                     stats.leader_hints["broker"] += 1
                     if name is not None:
                         cache.observe(name, index, hint.leader_id, hint.leader_epoch, now_s)
-                    continue
-                if name is not None:
-                    unknown_topics.add(name)
-                known = cache.leader(name, index) if (self.fill and name is not None) else None
-                # Only a leader other than the broker that refused, at a known epoch, with an
-                # address: never a hint the proxy is not sure of (an empty one is always fine).
-                # The client applies it only if its epoch is newer than its own (KIP-951).
-                if (known is None or known.epoch < 0 or conn.node_id is None or known.leader == conn.node_id
-                        or known.leader not in conn.cluster.brokers):
-                    stats.leader_hints["none"] += 1
-                    continue
-                p.current_leader = partition_cls.LeaderIdAndEpoch(leader_id=known.leader, leader_epoch=known.epoch)
-                if known.leader not in endpoints:
-                    host, port = conn.cluster.brokers[known.leader]
-                    resp.node_endpoints = [*(resp.node_endpoints or ()),
-                                           cls.NodeEndpoint(node_id=known.leader, host=host, port=port, rack=None)]
-                    endpoints.add(known.leader)
-                stats.leader_hints["proxy"] += 1
-                filled = True
-        if unknown_topics and self.refresher is not None:
-            self.refresher.request(unknown_topics)
-        return filled
+                else:
+                    missing.append((name, index, p))
+        return missing
+
+    def _fill(self, conn, key: int, version: int, resp, missing) -> bool:
+        """Fills one partition's hint from the cache if the proxy is sure of it."""
+        name, index, p = missing
+        known = self.cache.leader(name, index) if (self.fill and name is not None) else None
+        # Only a leader other than the broker that refused, at a known epoch, with an address:
+        # never a hint the proxy is not sure of (an empty one is always fine). A client applies
+        # it only if its epoch is newer than the one it has (KIP-951).
+        if (known is None or known.epoch < 0 or conn.node_id is None or known.leader == conn.node_id
+                or known.leader not in conn.cluster.brokers):
+            return False
+        cls = SPECS[key].response[version]
+        partition_cls = (cls.TopicProduceResponse.PartitionProduceResponse if key == ApiKey.PRODUCE
+                         else cls.FetchableTopicResponse.PartitionData)
+        p.current_leader = partition_cls.LeaderIdAndEpoch(leader_id=known.leader, leader_epoch=known.epoch)
+        if all(ep.node_id != known.leader for ep in resp.node_endpoints or ()):
+            host, port = conn.cluster.brokers[known.leader]
+            resp.node_endpoints = [*(resp.node_endpoints or ()),
+                                   cls.NodeEndpoint(node_id=known.leader, host=host, port=port, rack=None)]
+        conn.stats.leader_hints["proxy"] += 1
+        return True
 
 
 class UpliftFilter:

@@ -112,7 +112,7 @@ def test_api_versions_offers_one_version_more_and_requests_go_down(uplift):
 def test_leader_discovery_config():
     base = {"upstream": {"bootstrap_servers": ["k:9092"]}}
     ld = parse_config(base).leader_discovery
-    assert (ld.fill_hints, ld.uplift, ld.expedited_refresh_min_interval_ms) == (True, True, 50)
+    assert (ld.fill_hints, ld.uplift, ld.expedited_refresh_min_interval_ms, ld.hint_wait_ms) == (True, True, 50, 100)
     ld = parse_config({**base, "leader_discovery": {"fill_hints": False, "uplift": False}}).leader_discovery
     assert (ld.fill_hints, ld.uplift) == (False, False)
     for key, value in (("fill_hints", "yes"), ("uplift", 1), ("expedited_refresh_min_interval_ms", -1),
