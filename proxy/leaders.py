@@ -103,14 +103,17 @@ class ExpeditedRefresher:
         self.timeout_s = timeout_s
         self.min_interval_s = min_interval_s
         self._pending: set[str] = set()
+        self._pending_ids: set[uuid.UUID] = set()
         self._waiters: list[asyncio.Future] = []  # resolved when the next round is done
         self._task: asyncio.Task | None = None
         self._last_s = 0.0
 
-    def request(self, topics: Iterable[str]) -> asyncio.Future:
-        """Asks for the topics' metadata; the future is done once a refresh that includes them
-        has finished (whether or not a broker answered). Never cancel it: wait on it."""
+    def request(self, topics: Iterable[str], topic_ids: Iterable[uuid.UUID] = ()) -> asyncio.Future:
+        """Asks for the topics' metadata (by name, or by id for topics only known by id, as
+        Fetch v13+ names them); the future is done once a refresh that includes them has
+        finished (whether or not a broker answered). Never cancel it: wait on it."""
         self._pending.update(topics)
+        self._pending_ids.update(topic_ids)
         done = asyncio.get_running_loop().create_future()
         self._waiters.append(done)
         if self._task is None or self._task.done():
@@ -121,31 +124,34 @@ class ExpeditedRefresher:
         if self._task is not None:
             self._task.cancel()
         self._pending.clear()
+        self._pending_ids.clear()
         for waiter in self._waiters:
             waiter.cancel()
 
     async def _run(self) -> None:
-        while self._pending or self._waiters:
+        while self._pending or self._pending_ids or self._waiters:
             wait_s = self._last_s + self.min_interval_s - time.monotonic()
             if wait_s > 0:
                 await asyncio.sleep(wait_s)
             topics, self._pending = sorted(self._pending), set()
+            ids, self._pending_ids = list(self._pending_ids), set()
             waiters, self._waiters = self._waiters, []
             self._last_s = time.monotonic()
             try:
-                if topics:
-                    await self.refresh(topics, "expedited")
+                if topics or ids:
+                    await self.refresh(topics, "expedited", ids)
             finally:
                 for waiter in waiters:
                     if not waiter.done():
                         waiter.set_result(None)
 
-    async def refresh(self, topics: list[str], reason: str) -> bool:
-        """Metadata for ``topics`` from the first broker that answers, into the cache."""
+    async def refresh(self, topics: list[str], reason: str, topic_ids: list[uuid.UUID] = ()) -> bool:
+        """Metadata for ``topics`` (and ``topic_ids``) from the first broker that answers, into
+        the cache."""
         for attempt in range(max(len(self.cluster.brokers), len(self.cluster.bootstrap))):
             address = self._address(attempt)
             try:
-                resp = await fetch_topic_metadata(address, topics, [], self.timeout_s)
+                resp = await fetch_topic_metadata(address, topics, list(topic_ids), self.timeout_s)
             except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError, ValueError) as exc:
                 log.warning("%s metadata refresh from %s:%d failed: %s", reason, *address, exc or type(exc).__name__)
                 continue

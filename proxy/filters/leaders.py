@@ -58,9 +58,10 @@ class LeaderHintFilter:
         missing = self._learn(conn, key, version, resp)
         filled = [m for m in missing if self._fill(conn, key, version, resp, m)]
         missing = [m for m in missing if m not in filled]
-        topics = {name for name, _, _ in missing if name is not None}
-        if topics and self.refresher is not None:
-            refreshed = self.refresher.request(topics)
+        topics = {name for name, _, _, _ in missing if name is not None}
+        ids = {topic_id for name, topic_id, _, _ in missing if name is None and topic_id is not None}
+        if (topics or ids) and self.refresher is not None:
+            refreshed = self.refresher.request(topics, ids)
             if self.fill and self.wait_s > 0 and conn.node_id is not None:
                 head = bytes(frame[:offset])
                 return Hold(self._after_refresh(conn, key, version, resp, head, bytes(frame), missing,
@@ -77,7 +78,8 @@ class LeaderHintFilter:
         return head + encode_body(resp) if (filled or filled_before) else original
 
     def _learn(self, conn, key: int, version: int, resp) -> list:
-        """Learns the broker's hints; returns (topic, index, partition) of those without one."""
+        """Learns the broker's hints; returns (topic name or None, topic id, index, partition)
+        of the partitions without one."""
         cache, stats, now_s = self.cache, conn.stats, time.monotonic()
         missing = []
         for topic in resp.responses:
@@ -93,12 +95,14 @@ class LeaderHintFilter:
                     if name is not None:
                         cache.observe(name, index, hint.leader_id, hint.leader_epoch, now_s)
                 else:
-                    missing.append((name, index, p))
+                    missing.append((name, getattr(topic, "topic_id", None), index, p))
         return missing
 
     def _fill(self, conn, key: int, version: int, resp, missing) -> bool:
         """Fills one partition's hint from the cache if the proxy is sure of it."""
-        name, index, p = missing
+        name, topic_id, index, p = missing
+        if name is None:  # known by id only: the refresh may have taught the cache its name
+            name = self.cache.name_of(topic_id)
         known = self.cache.leader(name, index) if (self.fill and name is not None) else None
         # Only a leader other than the broker that refused, at a known epoch, with an address:
         # never a hint the proxy is not sure of (an empty one is always fine). A client applies
