@@ -105,6 +105,7 @@ class ExpeditedRefresher:
         self._pending: set[str] = set()
         self._pending_ids: set[uuid.UUID] = set()
         self._waiters: list[asyncio.Future] = []  # resolved when the next round is done
+        self._round_waiters: list[asyncio.Future] = []  # resolved when any round is done
         self._task: asyncio.Task | None = None
         self._last_s = 0.0
 
@@ -120,9 +121,17 @@ class ExpeditedRefresher:
             self._task = asyncio.get_running_loop().create_task(self._run())
         return done
 
+    def round_end(self) -> asyncio.Future:
+        """Done when the refresh round now running (or, if none is, the next one) ends."""
+        done = asyncio.get_running_loop().create_future()
+        self._round_waiters.append(done)
+        return done
+
     def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
+        for waiter in self._round_waiters:
+            waiter.cancel()
         self._pending.clear()
         self._pending_ids.clear()
         for waiter in self._waiters:
@@ -141,7 +150,8 @@ class ExpeditedRefresher:
                 if topics or ids:
                     await self.refresh(topics, "expedited", ids)
             finally:
-                for waiter in waiters:
+                ended, self._round_waiters = self._round_waiters, []
+                for waiter in (*waiters, *ended):
                     if not waiter.done():
                         waiter.set_result(None)
 

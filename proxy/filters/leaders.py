@@ -71,11 +71,24 @@ class LeaderHintFilter:
 
     async def _after_refresh(self, conn, key, version, resp, head: bytes, original: bytes, missing,
                              filled_before: bool, refreshed):
-        """The response once the expedited refresh is in (or ``wait_s`` has passed)."""
-        await asyncio.wait({refreshed}, timeout=self.wait_s)
-        filled = [m for m in missing if self._fill(conn, key, version, resp, m)]
-        conn.stats.leader_hints["none"] += len(missing) - len(filled)
-        return head + encode_body(resp) if (filled or filled_before) else original
+        """The response once the cache can name the leaders: tried again after every refresh
+        round that ends (the one already running may bring them), until the round that took
+        this response's topics has ended or ``wait_s`` has passed."""
+        deadline = time.monotonic() + self.wait_s
+        filled = filled_before
+        while missing:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            any_round = self.refresher.round_end()
+            await asyncio.wait({refreshed, any_round}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+            still = [m for m in missing if not self._fill(conn, key, version, resp, m)]
+            filled = filled or len(still) < len(missing)
+            missing = still
+            if refreshed.done():
+                break
+        conn.stats.leader_hints["none"] += len(missing)
+        return head + encode_body(resp) if filled else original
 
     def _learn(self, conn, key: int, version: int, resp) -> list:
         """Learns the broker's hints; returns (topic name or None, topic id, index, partition)
