@@ -61,7 +61,8 @@ class LeaderCache:
         known = self._leaders.get(key)
         if known is not None:
             if epoch < known.epoch or (epoch == known.epoch and epoch >= 0):
-                if epoch < known.epoch or leader != known.leader:
+                # An unknown epoch (Metadata before v7) says nothing against a known one.
+                if epoch >= 0 and (epoch < known.epoch or leader != known.leader):
                     self.stale_ignored += 1
                 return False
         if len(self._leaders) >= self._max:
@@ -108,6 +109,7 @@ class ExpeditedRefresher:
         self._round_waiters: list[asyncio.Future] = []  # resolved when any round is done
         self._task: asyncio.Task | None = None
         self._last_s = 0.0
+        self._next_broker = 0  # rounds go round the brokers: one that lags is not asked twice running
 
     def request(self, topics: Iterable[str], topic_ids: Iterable[uuid.UUID] = ()) -> asyncio.Future:
         """Asks for the topics' metadata (by name, or by id for topics only known by id, as
@@ -158,8 +160,10 @@ class ExpeditedRefresher:
     async def refresh(self, topics: list[str], reason: str, topic_ids: list[uuid.UUID] = ()) -> bool:
         """Metadata for ``topics`` (and ``topic_ids``) from the first broker that answers, into
         the cache."""
+        start = self._next_broker
+        self._next_broker += 1
         for attempt in range(max(len(self.cluster.brokers), len(self.cluster.bootstrap))):
-            address = self._address(attempt)
+            address = self._address(start + attempt)
             try:
                 resp = await fetch_topic_metadata(address, topics, list(topic_ids), self.timeout_s)
             except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError, ValueError) as exc:

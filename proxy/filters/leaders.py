@@ -72,8 +72,9 @@ class LeaderHintFilter:
     async def _after_refresh(self, conn, key, version, resp, head: bytes, original: bytes, missing,
                              filled_before: bool, refreshed):
         """The response once the cache can name the leaders: tried again after every refresh
-        round that ends (the one already running may bring them), until the round that took
-        this response's topics has ended or ``wait_s`` has passed."""
+        round that ends (the one already running may bring them); a round of its own that
+        still left it without a leader (a broker that has not heard yet) is followed by
+        another, from the next broker, until ``wait_s`` has passed."""
         deadline = time.monotonic() + self.wait_s
         filled = filled_before
         while missing:
@@ -85,8 +86,10 @@ class LeaderHintFilter:
             still = [m for m in missing if not self._fill(conn, key, version, resp, m)]
             filled = filled or len(still) < len(missing)
             missing = still
-            if refreshed.done():
-                break
+            if missing and refreshed.done():
+                topics = {name for name, _, _, _ in missing if name is not None}
+                ids = {topic_id for name, topic_id, _, _ in missing if name is None and topic_id is not None}
+                refreshed = self.refresher.request(topics, ids)
         conn.stats.leader_hints["none"] += len(missing)
         return head + encode_body(resp) if filled else original
 

@@ -64,6 +64,8 @@ class ReceivedRequest:
     correlation_id: int
     client_id: str | None
     body: Any  # the decoded kafka-python request
+    # The request exactly as it arrived (header included, size prefix not).
+    raw: bytes = field(default=b"", repr=False, compare=False)
 
 
 class Close:
@@ -175,7 +177,7 @@ class ScriptedBroker:
         if spec is not None and header.api_version <= spec.max_version:
             body = decode_request(header.api_key, header.api_version, memoryview(data)[header.body_offset :])
         req = ReceivedRequest(self.node_id, conn, header.api_key, header.api_version, header.correlation_id,
-                              header.client_id, body)
+                              header.client_id, body, raw=data)
         self.cluster._record(req)
         return req
 

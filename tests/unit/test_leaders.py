@@ -47,7 +47,9 @@ def test_an_epoch_names_one_leader_and_unknown_epochs_rank_lowest():
     assert cache.observe("u", 0, 1, -1, 0.0)  # Metadata < v7: no epoch
     assert cache.observe("u", 0, 2, -1, 0.0)  # still unknown: the newer view replaces it
     assert cache.observe("u", 0, 3, 0, 0.0)
+    stale = cache.stale_ignored
     assert not cache.observe("u", 0, 1, -1, 0.0)
+    assert cache.stale_ignored == stale  # no epoch is not an old epoch: nothing counted
 
 
 def test_errors_and_leaderless_partitions_teach_nothing():
