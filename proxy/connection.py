@@ -63,7 +63,7 @@ class InFlight:
 
     __slots__ = (
         "correlation_id", "api_key", "api_version", "received_at", "response", "raw",
-        "throttle_ms", "fetch_session", "on_response", "note", "produce",
+        "throttle_ms", "fetch_session", "on_response", "note", "produce", "scan",
     )
 
     def __init__(self, correlation_id: int, api_key: int, api_version: int, received_at: float) -> None:
@@ -78,6 +78,7 @@ class InFlight:
         self.on_response = None  # a request filter's own rewrite of this request's response
         self.note = None  # what a request filter wants to remember for the response
         self.produce = None  # a Produce request's ProduceScan, once a filter has needed it
+        self.scan = None  # a Produce / Fetch response's ResponseScan, for the filters after
 
 
 

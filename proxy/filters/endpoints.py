@@ -27,8 +27,10 @@ class EndpointRewriteFilter:
         if since is not None:
             if version < since:
                 return frame
-            # Hot path: walk the body without copying records; decode only to rewrite endpoints.
-            if not _SCANNERS[key](memoryview(frame)[offset:], version).node_endpoints:
+            # Hot path: walk the body without copying records (once: the leader filter may have
+            # walked this very frame already); decode only to rewrite endpoints.
+            scan = entry.scan or _SCANNERS[key](memoryview(frame)[offset:], version)
+            if not scan.node_endpoints:
                 return frame
         resp = decode_response(key, version, memoryview(frame)[offset:])
         if key == ApiKey.METADATA:

@@ -52,7 +52,9 @@ class LeaderHintFilter:
         if version < HINTS_SINCE[key]:
             return frame
         offset = response_body_offset(frame, key, version)
-        if _MOVED.isdisjoint(_SCANNERS[key](memoryview(frame)[offset:], version).error_codes):
+        scan = _SCANNERS[key](memoryview(frame)[offset:], version)
+        if _MOVED.isdisjoint(scan.error_codes):
+            entry.scan = scan  # the endpoint filter reads the same frame next
             return frame  # the hot path: no partition moved
         resp = decode_response(key, version, memoryview(frame)[offset:])
         missing = self._learn(conn, key, version, resp)

@@ -28,7 +28,7 @@ def test_frame_with_empty_node_endpoints_tag_is_the_same_object(api_key, build, 
     conn, seen = _conn()
     body = build(version, endpoints=False)
     frame = encode_response_header(5, True) + body[:-1] + b"\x01\x00\x01\x01"  # Tansu's empty tag
-    entry = SimpleNamespace(api_key=api_key, api_version=version)
+    entry = SimpleNamespace(api_key=api_key, api_version=version, scan=None)
     assert EndpointRewriteFilter().on_response(conn, entry, frame) is frame
     assert seen == []
 
@@ -37,7 +37,7 @@ def test_frame_with_empty_node_endpoints_tag_is_the_same_object(api_key, build, 
 def test_node_endpoints_are_rewritten_and_header_kept(api_key, build, version):
     conn, seen = _conn()
     header = encode_response_header(5, True)
-    entry = SimpleNamespace(api_key=api_key, api_version=version)
+    entry = SimpleNamespace(api_key=api_key, api_version=version, scan=None)
     out = EndpointRewriteFilter().on_response(conn, entry, header + build(version, endpoints=True))
     assert out[: len(header)] == header and struct.unpack(">i", out[:4])[0] == 5
     resp = decode_response(api_key, version, memoryview(out)[len(header):])
@@ -49,5 +49,5 @@ def test_node_endpoints_are_rewritten_and_header_kept(api_key, build, version):
 def test_versions_before_kip_951_are_not_scanned(api_key, build, version):
     conn, _ = _conn()
     frame = encode_response_header(5, True) + build(version, endpoints=False)
-    entry = SimpleNamespace(api_key=api_key, api_version=version)
+    entry = SimpleNamespace(api_key=api_key, api_version=version, scan=None)
     assert EndpointRewriteFilter().on_response(conn, entry, frame) is frame
