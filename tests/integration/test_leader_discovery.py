@@ -431,8 +431,9 @@ def test_the_refusing_broker_is_never_filled_in_as_leader():
 # -- (c) stale metadata after a move ----------------------------------------------------------------
 
 
-def test_stale_metadata_does_not_roll_the_leader_back():
-    stale: dict[int, tuple[int, int]] = {}  # node id -> (leader, epoch) it keeps reporting for orders-0
+def _lagging_metadata(stale: dict[int, tuple[int, int]]):
+    """A Metadata handler with which node N still reports ``stale[N]`` = (leader, epoch) for
+    orders-0, as a broker that has not heard of a move yet."""
 
     def metadata(broker, req):
         resp = broker.default_response(req)
@@ -443,7 +444,12 @@ def test_stale_metadata_does_not_roll_the_leader_back():
                 p.leader_id, p.leader_epoch, p.replica_nodes, p.isr_nodes = old[0], old[1], [old[0]], [old[0]]
         return resp
 
-    script = Script(leader_hints=False, handlers={ApiKey.METADATA: metadata})
+    return metadata
+
+
+def test_stale_metadata_does_not_roll_the_leader_back():
+    stale: dict[int, tuple[int, int]] = {}  # node id -> (leader, epoch) it keeps reporting for orders-0
+    script = Script(leader_hints=False, handlers={ApiKey.METADATA: _lagging_metadata(stale)})
     with _stack(script, {"orders": [1]}) as (cluster, proxy):
         nodes, _, _ = _client_metadata(proxy.address)
         assert _cached_leader(proxy, "orders", 0) == (1, 0)
@@ -475,17 +481,7 @@ def test_a_lagging_broker_is_not_asked_twice_running():
     """The expedited refreshes go round the brokers: when the first one asked still reports the
     old leader, the held response is answered from the next broker's view."""
     stale: dict[int, tuple[int, int]] = {}
-
-    def metadata(broker, req):
-        resp = broker.default_response(req)
-        old = stale.get(broker.node_id)
-        for t in resp.topics if old else ():
-            if t.name == "orders":
-                p = t.partitions[0]
-                p.leader_id, p.leader_epoch, p.replica_nodes, p.isr_nodes = old[0], old[1], [old[0]], [old[0]]
-        return resp
-
-    script = Script(leader_hints=False, handlers={ApiKey.METADATA: metadata})
+    script = Script(leader_hints=False, handlers={ApiKey.METADATA: _lagging_metadata(stale)})
     with _stack(script, {"orders": [1]}, leader_discovery={"hint_wait_ms": 2000}) as (cluster, proxy):
         nodes, _, _ = _client_metadata(proxy.address)
         cluster.call(stale.__setitem__, 1, (1, 0))  # node 1 lags: it still reports itself, epoch 0
