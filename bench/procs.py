@@ -152,14 +152,7 @@ class Launcher:
             port = free_port()
             popen, log_path = self._popen(name, role, argv_for_port(port))
             proc = Proc(name, popen, ("127.0.0.1", port), log_path)
-            deadline = time.monotonic() + 5.0
-            owned = False
-            while time.monotonic() < deadline and proc.alive():
-                if pid_owns_listener(proc.pid, port):
-                    owned = True
-                    break
-                time.sleep(0.01)
-            if not owned:
+            if not _listening_within(proc, port, 5.0):
                 last = f"port {port}: {'exited' if not proc.alive() else 'not listening'}\n{proc.log_tail()}"
                 proc.stop(1.0)
                 continue
@@ -231,14 +224,7 @@ class Launcher:
                     "--storage-engine", "memory://tansu/"]
             popen, log_path = self._popen("tansu-broker", "broker", argv)
             broker = Proc("tansu-broker", popen, ("127.0.0.1", port_a), log_path)
-            deadline = time.monotonic() + 5.0
-            owned = False
-            while time.monotonic() < deadline and broker.alive():
-                if pid_owns_listener(broker.pid, port_a):
-                    owned = True
-                    break
-                time.sleep(0.01)
-            if not owned:
+            if not _listening_within(broker, port_a, 5.0):
                 last = f"port {port_a}: {broker.log_tail()}"
                 broker.stop(1.0)
                 pump.stop()
@@ -286,3 +272,14 @@ class Launcher:
             except Exception:
                 pass
         self.procs.clear()
+
+
+def _listening_within(proc: Proc, port: int, timeout_s: float) -> bool:
+    """Whether ``proc`` itself (not another process that took the port) listens on ``port``
+    within ``timeout_s`` while it stays alive."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.alive():
+        if pid_owns_listener(proc.pid, port):
+            return True
+        time.sleep(0.01)
+    return False

@@ -56,9 +56,8 @@ def _client_round(bootstrap: str) -> dict:
 def _topic_storm(bootstrap: str, rounds: int = 6, per_round: int = 10, partitions: int = 2) -> list[dict]:
     """A tenant ("storm") creating topics in a loop with CreateTopics v7 (strict, KIP-599)."""
     import socket
-    import struct
 
-    from kafka.protocol.admin import CreateTopicsRequest, CreateTopicsResponse
+    from kafka.protocol.admin import CreateTopicsRequest
 
     host, port = bootstrap.rsplit(":", 1)
     seen = []
@@ -68,13 +67,9 @@ def _topic_storm(bootstrap: str, rounds: int = 6, per_round: int = 10, partition
             topics = [T(name=f"storm-{r}-{i}", num_partitions=partitions, replication_factor=1,
                         assignments=[], configs=[]) for i in range(per_round)]
             req = CreateTopicsRequest[7](topics=topics, timeout_ms=10_000, validate_only=False)
-            req.with_header(correlation_id=r, client_id="storm")
             sent = time.monotonic()
-            s.sendall(bytes(req.encode(header=True, framed=True)))
-            (size,) = struct.unpack(">i", s.recv(4, socket.MSG_WAITALL))
-            frame = s.recv(size, socket.MSG_WAITALL)
+            resp = _round_trip(s, req, r, "storm")
             waited_ms = (time.monotonic() - sent) * 1000
-            resp = CreateTopicsResponse.decode(memoryview(frame)[5:], version=7)  # header v1
             errors = [t.error_code for t in resp.topics]
             seen.append({"admitted": errors.count(0), "rejected": errors.count(89),
                          "throttle_ms": resp.throttle_time_ms, "waited_ms": waited_ms})
@@ -82,20 +77,16 @@ def _topic_storm(bootstrap: str, rounds: int = 6, per_round: int = 10, partition
 
 
 def _round_trip(sock, request, correlation_id: int, client_id: str):
+    """One request on a blocking socket; the decoded response."""
+    import socket
     import struct
 
     request.with_header(correlation_id=correlation_id, client_id=client_id)
     sock.sendall(bytes(request.encode(header=True, framed=True)))
-    (size,) = struct.unpack(">i", _recv_exactly(sock, 4))
-    frame = _recv_exactly(sock, size)
+    (size,) = struct.unpack(">i", sock.recv(4, socket.MSG_WAITALL))
+    frame = sock.recv(size, socket.MSG_WAITALL)
     key, version = request.API_KEY, request.API_VERSION
     return decode_response(key, version, memoryview(frame)[response_body_offset(frame, key, version):])
-
-
-def _recv_exactly(sock, n: int) -> bytes:
-    import socket
-
-    return sock.recv(n, socket.MSG_WAITALL)
 
 
 def _restart_loop(bootstrap: str, restarts: int = 8) -> list[dict]:

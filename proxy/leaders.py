@@ -20,6 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from .refresh import fetch_topic_metadata
+from .stats import counter_by
 
 log = logging.getLogger("proxy.leaders")
 
@@ -194,20 +195,14 @@ class LeaderCollector(Collector):
 
     def collect(self):
         s = self._stats
-        hints = CounterMetricFamily(
+        yield counter_by(
             "kqp_leader_hints", "NOT_LEADER_OR_FOLLOWER / FENCED_LEADER_EPOCH partitions by what the client got",
-            labels=["source"],
+            "source", s.leader_hints,
         )
-        for source, n in sorted(s.leader_hints.items()):
-            hints.add_metric([source], n)
-        yield hints
-        uplifted = CounterMetricFamily(
+        yield counter_by(
             "kqp_uplifted_requests", "Requests sent to the broker one version lower than the client used",
-            labels=["api"],
+            "api", s.uplifted_requests,
         )
-        for api, n in sorted(s.uplifted_requests.items()):
-            uplifted.add_metric([api], n)
-        yield uplifted
         yield GaugeMetricFamily("kqp_metadata_cache_partitions", "Partitions in the leader cache", value=len(self._cache))
         age = self._cache.age_s(time.monotonic())
         yield GaugeMetricFamily(

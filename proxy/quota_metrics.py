@@ -13,6 +13,8 @@ from prometheus_client.registry import Collector
 from quotas import QuotaManager
 from quotas.producer_ids import ProducerIdQuotaManager
 
+from .stats import counter_by
+
 _LABELS = ["kind", "user", "client_id"]
 
 
@@ -104,7 +106,5 @@ class ProducerIdCollector(Collector):
             "kqp_producer_ids_users_removed", "Users dropped once no layer of theirs was live",
             value=m.users_removed_total,
         )
-        failures = CounterMetricFamily("kqp_rate_limiter_failures", "Rate limiter calls that raised", labels=["limiter"])
-        for name, n in sorted(self._limiter_filter.failures.items()):
-            failures.add_metric([name], n)
-        yield failures
+        yield counter_by("kqp_rate_limiter_failures", "Rate limiter calls that raised", "limiter",
+                         self._limiter_filter.failures)

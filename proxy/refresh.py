@@ -112,9 +112,3 @@ async def refresh_once(cluster: Cluster, stats: ProxyStats, timeout_s: float) ->
             cluster.advertise(node_id, host, port)
         return True
     return False
-
-
-async def refresh_forever(cluster: Cluster, stats: ProxyStats, interval_s: float, timeout_s: float) -> None:
-    while True:
-        await asyncio.sleep(interval_s)
-        await refresh_once(cluster, stats, timeout_s)

@@ -23,7 +23,7 @@ from .filters.endpoints import EndpointRewriteFilter
 from .filters.sasl import SaslFilter
 from .http import MetricsEndpoint
 from .leaders import ExpeditedRefresher, LeaderCache, LeaderCollector
-from .refresh import refresh_forever, refresh_once
+from .refresh import refresh_once
 from .filters.controller_mutation import ControllerMutationFilter
 from .filters.leaders import LeaderHintFilter, UpliftFilter
 from .filters.limiters import RateLimiterFilter
@@ -148,8 +148,7 @@ class ProxyServer:
         up = self.config.upstream
         if not await refresh_once(self.cluster, self.stats, up.connect_timeout_s):
             log.warning("no bootstrap server answered yet; brokers will be learned when one does")
-        self._spawn(refresh_forever(self.cluster, self.stats, up.metadata_refresh_interval_s, up.connect_timeout_s))
-        self._spawn(self._refresh_leaders(up.metadata_refresh_interval_s))
+        self._spawn(self._refresh_periodically(up.metadata_refresh_interval_s, up.connect_timeout_s))
         self._spawn(self._expire_quota_entities())
         self._spawn(self._clean_producer_ids())
 
@@ -158,13 +157,15 @@ class ProxyServer:
             await asyncio.sleep(60)
             self.quotas.expire(now_ms())
 
-    async def _refresh_leaders(self, interval_s: float) -> None:
-        """The proxy's own refresh of the leaders of every topic clients have used."""
+    async def _refresh_periodically(self, interval_s: float, timeout_s: float) -> None:
+        """The proxy's own metadata refresh: the brokers and the leaders of every topic clients
+        have used come in one Metadata response; with no such topic (or no broker answering
+        it), the brokers alone, from the bootstrap servers."""
         while True:
             await asyncio.sleep(interval_s)
             topics = sorted(self.leaders.topics())
-            if topics:
-                await self.refresher.refresh(topics, "periodic_leaders")
+            if not topics or not await self.refresher.refresh(topics, "periodic_leaders"):
+                await refresh_once(self.cluster, self.stats, timeout_s)
 
     async def _clean_producer_ids(self) -> None:
         # KIP-936's producer.id.quota.cache.cleanup.scheduler.interval.ms.
@@ -182,7 +183,7 @@ class ProxyServer:
                        producer_id_quota=replace(before.producer_id_quota, reaction=config.producer_id_quota.reaction))
         existing = {spec.target: lim for spec, lim in zip(before.rate_limiters, self.limiters)}
         limiters = rate_limiters_for(live, self.quotas, existing)  # first: it may refuse
-        for spec, limiter in zip(before.rate_limiters, self.limiters):
+        for limiter in self.limiters:
             if limiter not in limiters:
                 _close_limiter(limiter)
         self.quotas.replace_rules(config.quotas)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import defaultdict
+from collections.abc import Mapping
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -59,6 +60,14 @@ class ProxyStats:
         # from: "broker", "proxy" (filled from the leader cache) or "none".
         self.leader_hints: defaultdict[str, int] = defaultdict(int)
         self.uplifted_requests: defaultdict[str, int] = defaultdict(int)
+
+
+def counter_by(name: str, doc: str, label: str, counts: Mapping) -> CounterMetricFamily:
+    """A counter family with one series per key of ``counts``, under one label."""
+    family = CounterMetricFamily(name, doc, labels=[label])
+    for key, n in sorted(counts.items()):
+        family.add_metric([str(key)], n)
+    return family
 
 
 class StatsCollector(Collector):
@@ -120,23 +129,12 @@ class StatsCollector(Collector):
             "kqp_upstream_connect_failures", "Failed attempts to connect to a broker",
             value=s.upstream_connect_failures,
         )
-        rej = CounterMetricFamily(
-            "kqp_frames_rejected", "Client frames that closed their connection", labels=["reason"]
+        yield counter_by(
+            "kqp_frames_rejected", "Client frames that closed their connection", "reason", s.frames_rejected
         )
-        for reason, n in sorted(s.frames_rejected.items()):
-            rej.add_metric([reason], n)
-        yield rej
-        scan = CounterMetricFamily(
+        yield counter_by(
             "kqp_records_scan_failures",
             "Produce requests / Fetch responses whose record-batch headers were malformed (forwarded uncharged)",
-            labels=["api"],
+            "api", s.records_scan_failures,
         )
-        for api, n in sorted(s.records_scan_failures.items()):
-            scan.add_metric([api], n)
-        yield scan
-        md = CounterMetricFamily(
-            "kqp_metadata_refreshes", "The proxy's own metadata refreshes", labels=["outcome"]
-        )
-        for outcome, n in sorted(s.metadata_refreshes.items()):
-            md.add_metric([outcome], n)
-        yield md
+        yield counter_by("kqp_metadata_refreshes", "The proxy's own metadata refreshes", "outcome", s.metadata_refreshes)

@@ -109,6 +109,9 @@ class _QuotaKindLimiter(RateLimiter):
         self.manager = None
         self.api_keys = frozenset()
         self.fetch_responses = False
+        # Recording already yields the throttle (Sensor.record with checkQuotas): kept for the
+        # throttle_ms call that follows on the same usage, so the entity is looked up once.
+        self._last: tuple[Usage | None, int] = (None, 0)
 
     def configure(self, context: LimiterContext) -> None:
         self.manager = context.manager
@@ -127,9 +130,13 @@ class _QuotaKindLimiter(RateLimiter):
     def accumulate(self, usage: Usage, now_ms: int) -> None:
         kind = self._kind(usage)
         if kind is not None and self.manager is not None:
-            self.manager.check_and_record(usage.user, usage.client_id, kind, self._amount(usage), now_ms)
+            decision = self.manager.check_and_record(usage.user, usage.client_id, kind, self._amount(usage), now_ms)
+            self._last = (usage, decision.throttle_ms)
 
     def throttle_ms(self, usage: Usage, now_ms: int) -> int:
+        last_usage, last_throttle_ms = self._last
+        if usage is last_usage:
+            return last_throttle_ms
         kind = self._kind(usage)
         if kind is None or self.manager is None:
             return 0

@@ -254,9 +254,7 @@ class QuotaManager:
         """
         if kind not in TOKEN_BUCKET_KINDS:
             raise ValueError(f"try_admit is for token-bucket kinds, not {kind!r}")
-        state = self._cache.get((kind, user, client_id), _MISS)
-        if state is _MISS:
-            state = self._state_for(user, client_id, kind, now_ms)
+        state = self._entity(user, client_id, kind, now_ms)
         if state is None:
             return ADMIT
         assert isinstance(state, _BucketState)
@@ -277,9 +275,7 @@ class QuotaManager:
         the smallest wait that brings the rate back to the bound (QuotaUtils.throttleTime)."""
         if kind not in RATE_KINDS:
             raise ValueError(f"throttle_ms is for rate kinds, not {kind!r}")
-        state = self._cache.get((kind, user, client_id), _MISS)
-        if state is _MISS:
-            state = self._state_for(user, client_id, kind, now_ms)
+        state = self._entity(user, client_id, kind, now_ms)
         if state is None:
             return 0
         assert isinstance(state, _RateState)
@@ -288,15 +284,19 @@ class QuotaManager:
     def unrecord(self, user: str, client_id: str, kind: str, amount: float, now_ms: int) -> None:
         """Takes back ``amount`` recorded before: a throttled Fetch is answered empty and its
         bytes are un-recorded (ClientQuotaManager.unrecordQuotaSensor)."""
-        state = self._cache.get((kind, user, client_id), _MISS)
-        if state is _MISS:
-            state = self._state_for(user, client_id, kind, now_ms)
+        state = self._entity(user, client_id, kind, now_ms)
         if state is None:
             return
         assert isinstance(state, _State)
         if now_ms > state.last_used_ms:
             state.last_used_ms = now_ms
         state.unrecord_at(amount, now_ms)
+
+    def _entity(self, user: str, client_id: str, kind: str, now_ms: int) -> _State | None:
+        """The state this (user, client id) is charged to for ``kind``, or None (no rule).
+        check_and_record, the per-request path, has these two lines inline."""
+        state = self._cache.get((kind, user, client_id), _MISS)
+        return self._state_for(user, client_id, kind, now_ms) if state is _MISS else state
 
     def _state_for(self, user: str, client_id: str, kind: str, now_ms: int) -> _State | None:
         """Cache miss: resolve the rule, find or create the entity's state, cache it."""

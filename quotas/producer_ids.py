@@ -172,6 +172,9 @@ class ProducerIdQuotaManager:
     def __init__(self, rules: Iterable[QuotaRule] = (), settings: ProducerIdSettings | None = None) -> None:
         self.settings = settings or ProducerIdSettings()
         self._resolver = EntityResolver(rules)
+        # Whether any producer_ids_rate rule exists (no rule: nothing to scan for); read per
+        # Produce request, so kept as a plain attribute.
+        self.active = PRODUCER_IDS_RATE in self._resolver.kinds()
         self._users: dict[str, _UserState] = {}
         self._due: list[tuple[int, str]] = []  # (when to look at the user's layers again, user)
         self.new_ids_total = 0  # ids admitted as new
@@ -186,14 +189,10 @@ class ProducerIdQuotaManager:
         # briefly) rather than after it, when its old ids would count as new again.
         return max(1, self.settings.window_ms - 1)
 
-    @property
-    def active(self) -> bool:
-        """Whether any producer_ids_rate rule exists (no rule: nothing to scan for)."""
-        return PRODUCER_IDS_RATE in self._resolver.kinds()
-
     def replace_rules(self, rules: Iterable[QuotaRule]) -> None:
         """New rules: users that keep a quota keep their ids and tokens; the others are dropped."""
         self._resolver = EntityResolver(rules)
+        self.active = PRODUCER_IDS_RATE in self._resolver.kinds()
         for user, state in list(self._users.items()):
             resolved = self._resolver.resolve_user_level(PRODUCER_IDS_RATE, user)
             if resolved is None:

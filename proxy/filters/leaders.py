@@ -57,19 +57,24 @@ class LeaderHintFilter:
             entry.scan = scan  # the endpoint filter reads the same frame next
             return frame  # the hot path: no partition moved
         resp = decode_response(key, version, memoryview(frame)[offset:])
-        missing = self._learn(conn, key, version, resp)
-        filled = [m for m in missing if self._fill(conn, key, version, resp, m)]
-        missing = [m for m in missing if m not in filled]
-        topics = {name for name, _, _, _ in missing if name is not None}
-        ids = {topic_id for name, topic_id, _, _ in missing if name is None and topic_id is not None}
-        if (topics or ids) and self.refresher is not None:
-            refreshed = self.refresher.request(topics, ids)
-            if self.fill and self.wait_s > 0 and conn.node_id is not None:
-                head = bytes(frame[:offset])
-                return Hold(self._after_refresh(conn, key, version, resp, head, bytes(frame), missing,
-                                                bool(filled), refreshed))
+        hintless = self._learn(conn, key, version, resp)
+        missing = self._fill_all(conn, key, version, resp, hintless)
+        filled = len(missing) < len(hintless)
+        refreshed = self._refresh(missing)
+        if refreshed is not None and self.fill and self.wait_s > 0 and conn.node_id is not None:
+            head = bytes(frame[:offset])
+            return Hold(self._after_refresh(conn, key, version, resp, head, bytes(frame), missing, filled, refreshed))
         conn.stats.leader_hints["none"] += len(missing)
         return bytes(frame[:offset]) + encode_body(resp) if filled else frame
+
+    def _refresh(self, missing):
+        """Asks for the metadata of the topics of ``missing`` (by id when known only by id);
+        the future of that refresh, or None when there is nothing to ask for."""
+        topics = {name for name, _, _, _ in missing if name is not None}
+        ids = {topic_id for name, topic_id, _, _ in missing if name is None and topic_id is not None}
+        if not (topics or ids) or self.refresher is None:
+            return None
+        return self.refresher.request(topics, ids)
 
     async def _after_refresh(self, conn, key, version, resp, head: bytes, original: bytes, missing,
                              filled_before: bool, refreshed):
@@ -85,13 +90,13 @@ class LeaderHintFilter:
                 break
             any_round = self.refresher.round_end()
             await asyncio.wait({refreshed, any_round}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
-            still = [m for m in missing if not self._fill(conn, key, version, resp, m)]
+            still = self._fill_all(conn, key, version, resp, missing)
             filled = filled or len(still) < len(missing)
             missing = still
             if missing and refreshed.done():
-                topics = {name for name, _, _, _ in missing if name is not None}
-                ids = {topic_id for name, topic_id, _, _ in missing if name is None and topic_id is not None}
-                refreshed = self.refresher.request(topics, ids)
+                refreshed = self._refresh(missing)
+                if refreshed is None:
+                    break
         conn.stats.leader_hints["none"] += len(missing)
         return head + encode_body(resp) if filled else original
 
@@ -115,6 +120,10 @@ class LeaderHintFilter:
                 else:
                     missing.append((name, getattr(topic, "topic_id", None), index, p))
         return missing
+
+    def _fill_all(self, conn, key: int, version: int, resp, missing: list) -> list:
+        """Fills what the cache can; returns the partitions still without a hint."""
+        return [m for m in missing if not self._fill(conn, key, version, resp, m)]
 
     def _fill(self, conn, key: int, version: int, resp, missing) -> bool:
         """Fills one partition's hint from the cache if the proxy is sure of it."""

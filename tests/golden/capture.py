@@ -28,7 +28,7 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.support.threaded_server import ThreadedServer
+from tests.support.threaded_server import ThreadedServer, pipe
 
 HERE = Path(__file__).resolve().parent
 FRAMES_DIR = HERE / "frames"
@@ -83,7 +83,6 @@ class CapturingRelay(ThreadedServer):
 
     def __init__(self, host: str = "127.0.0.1") -> None:
         super().__init__(host)
-        self.target: tuple[str, int] | None = None
         self._frames: list[Frame] = []
         self._next_connection = 0
 
@@ -100,36 +99,30 @@ class CapturingRelay(ThreadedServer):
             connection = self._next_connection
             self._next_connection += 1
         try:
-            if self.target is None:
+            upstream = await self._connect_target()
+            if upstream is None:
                 return
-            try:
-                up_reader, up_writer = await asyncio.open_connection(*self.target)
-            except OSError:
-                return
+            up_reader, up_writer = upstream
             pending: dict[int, tuple[int, int]] = {}
             try:
                 await asyncio.gather(
-                    self._pump(connection, "request", reader, up_writer, pending),
-                    self._pump(connection, "response", up_reader, writer, pending),
+                    pipe(reader, up_writer, self._recorder(connection, "request", pending)),
+                    pipe(up_reader, writer, self._recorder(connection, "response", pending)),
                 )
             finally:
                 up_writer.close()
         finally:
             writer.close()
 
-    async def _pump(self, connection: int, direction: str, reader: asyncio.StreamReader,
-                    writer: asyncio.StreamWriter, pending: dict[int, tuple[int, int]]) -> None:
+    def _recorder(self, connection: int, direction: str, pending: dict[int, tuple[int, int]]):
+        """Records every whole frame of one direction as its bytes pass (before they go on)."""
         buf = bytearray()
-        try:
-            while data := await reader.read(65536):
-                buf += data
-                self._take_frames(connection, direction, buf, pending)
-                writer.write(data)
-                await writer.drain()
-            if writer.can_write_eof():
-                writer.write_eof()
-        except (ConnectionError, OSError):
-            writer.close()
+
+        def on_data(data: bytes) -> None:
+            buf.extend(data)
+            self._take_frames(connection, direction, buf, pending)
+
+        return on_data
 
     def _take_frames(self, connection: int, direction: str, buf: bytearray,
                      pending: dict[int, tuple[int, int]]) -> None:

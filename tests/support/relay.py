@@ -32,8 +32,7 @@ class CountingRelay(ThreadedServer):
 
     def __init__(self, host: str = "127.0.0.1", target: tuple[str, int] | None = None,
                  candidate_pids: tuple[int, ...] = ()) -> None:
-        super().__init__(host)
-        self.target = target
+        super().__init__(host, target)
         # Pids checked first when looking for a peer socket's owner (then all of /proc).
         self.candidate_pids: list[int] = list(candidate_pids)
         self._connections: list[RelayedConnection] = []
@@ -62,12 +61,10 @@ class CountingRelay(ThreadedServer):
             pid = procnet.owner_of(inode, self.candidate_pids) if inode else None
             with self._lock:
                 self._connections.append(RelayedConnection(peer=peer, pid=pid))
-            if self.target is None:
+            upstream = await self._connect_target()
+            if upstream is None:
                 return
-            try:
-                up_reader, up_writer = await asyncio.open_connection(*self.target)
-            except OSError:
-                return
+            up_reader, up_writer = upstream
             try:
                 await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
             finally:

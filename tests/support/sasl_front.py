@@ -189,9 +189,8 @@ class SaslFront(ThreadedServer):
         unknown = set(mechanisms) - set(MECHANISMS)
         if unknown:
             raise ValueError(f"unsupported mechanisms {sorted(unknown)}; the front knows {MECHANISMS}")
-        super().__init__(host)
+        super().__init__(host, target)
         self.users = dict(users)
-        self.target = target  # (host, port) of the broker; settable until traffic arrives
         self.mechanisms = tuple(mechanisms)
         self.max_frame_bytes = max_frame_bytes
         self._connections: list[FrontConnection] = []
@@ -237,12 +236,10 @@ class SaslFront(ThreadedServer):
             with self._lock:
                 index = len(self._connections)
                 self._connections.append(FrontConnection(peer=writer.get_extra_info("peername")[:2]))
-            if self.target is None:
+            upstream = await self._connect_target()
+            if upstream is None:
                 return
-            try:
-                up_reader, up_writer = await asyncio.open_connection(*self.target)
-            except OSError:
-                return
+            up_reader, up_writer = upstream
             try:
                 first = await self._sasl_phase(index, reader, writer, up_reader, up_writer)
             except (_Closed, DecodeError):  # DecodeError: a SASL request that is not one

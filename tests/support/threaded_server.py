@@ -9,13 +9,15 @@ import threading
 
 class ThreadedServer:
     """Subclasses implement ``async _handle(reader, writer)``; every handler task is cancelled
-    and awaited by :meth:`stop`."""
+    and awaited by :meth:`stop`. ``target`` is where a relaying subclass connects upstream
+    (settable until traffic arrives)."""
 
     thread_name = "threaded-server"
 
-    def __init__(self, host: str = "127.0.0.1") -> None:
+    def __init__(self, host: str = "127.0.0.1", target: tuple[str, int] | None = None) -> None:
         self.host = host
         self.port = 0
+        self.target = target
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name=self.thread_name, daemon=True)
@@ -24,6 +26,15 @@ class ThreadedServer:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         raise NotImplementedError
+
+    async def _connect_target(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        """A connection to ``target``, or None when there is none or it cannot be reached."""
+        if self.target is None:
+            return None
+        try:
+            return await asyncio.open_connection(*self.target)
+        except OSError:
+            return None
 
     def start(self):
         self._thread.start()
@@ -78,10 +89,13 @@ class ThreadedServer:
         return f"{self.host}:{self.port}"
 
 
-async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    """Copies bytes until end of stream, then half-closes ``writer`` (closes it on an error)."""
+async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, on_data=None) -> None:
+    """Copies bytes until end of stream, then half-closes ``writer`` (closes it on an error).
+    ``on_data`` sees each chunk before it is written on."""
     try:
         while data := await reader.read(65536):
+            if on_data is not None:
+                on_data(data)
             writer.write(data)
             await writer.drain()
         if writer.can_write_eof():
