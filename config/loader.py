@@ -25,11 +25,13 @@ from .model import (
     QuotaWindows,
     RateLimiterSpec,
     UpstreamConfig,
+    UsageLogConfig,
 )
 
 _SECTIONS = {
     "upstream", "listen", "metrics", "quota_windows", "quota_entities", "quotas",
     "controller_mutation", "producer_id_quota", "rate_limiters", "leader_discovery",
+    "usage_log",
 }
 
 
@@ -72,6 +74,28 @@ def parse_config(data: Any) -> Config:
         producer_id_quota=_producer_id_quota(root.get("producer_id_quota", {}), "producer_id_quota"),
         rate_limiters=limiters,
         leader_discovery=_leader_discovery(root.get("leader_discovery", {}), "leader_discovery"),
+        usage_log=_usage_log(root.get("usage_log", {}), "usage_log"),
+    )
+
+
+def _usage_log(data: Any, path: str) -> UsageLogConfig:
+    d = UsageLogConfig()
+    m = _mapping(data, path, set(vars(d)))
+    directory = m.get("directory")
+    if directory is not None and (not isinstance(directory, str) or not directory):
+        raise ConfigError(f"{path}.directory", f"must be a directory path, got {directory!r}")
+    if not isinstance(m.get("count_fetch_records", True), bool):
+        raise ConfigError(f"{path}.count_fetch_records", f"must be true or false, got {m['count_fetch_records']!r}")
+    name = m.get("proxy_name", "")
+    if not isinstance(name, str):
+        raise ConfigError(f"{path}.proxy_name", f"must be a string, got {name!r}")
+    return UsageLogConfig(
+        directory=directory,
+        interval_seconds=_int(m, "interval_seconds", path, d.interval_seconds, 1, 3600),
+        max_keys_per_interval=_int(m, "max_keys_per_interval", path, d.max_keys_per_interval, 1, 10_000_000),
+        count_fetch_records=m.get("count_fetch_records", d.count_fetch_records),
+        proxy_name=name,
+        max_pending_intervals=_int(m, "max_pending_intervals", path, d.max_pending_intervals, 1, 100_000),
     )
 
 

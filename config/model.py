@@ -118,6 +118,23 @@ DEFAULT_RATE_LIMITERS = (
 
 
 @dataclass(frozen=True)
+class UsageLogConfig:
+    """Where and how often the proxy writes its usage log (off while ``directory`` is None)."""
+
+    directory: str | None = None
+    interval_seconds: int = 10
+    max_keys_per_interval: int = 10_000
+    # Walk Fetch responses' batch headers to count the records delivered (costs consume throughput).
+    count_fetch_records: bool = True
+    proxy_name: str = ""  # "": this host's name
+    max_pending_intervals: int = 60
+
+    @property
+    def enabled(self) -> bool:
+        return self.directory is not None
+
+
+@dataclass(frozen=True)
 class Config:
     upstream: UpstreamConfig
     listen: ListenConfig = field(default_factory=ListenConfig)
@@ -129,3 +146,4 @@ class Config:
     producer_id_quota: ProducerIdQuota = field(default_factory=ProducerIdQuota)
     rate_limiters: tuple[RateLimiterSpec, ...] = DEFAULT_RATE_LIMITERS
     leader_discovery: LeaderDiscovery = field(default_factory=LeaderDiscovery)
+    usage_log: UsageLogConfig = field(default_factory=UsageLogConfig)

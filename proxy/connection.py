@@ -64,13 +64,17 @@ class InFlight:
     __slots__ = (
         "correlation_id", "api_key", "api_version", "received_at", "response", "raw",
         "throttle_ms", "fetch_session", "on_response", "note", "produce", "scan",
+        "request_bytes", "forwarded_at", "upstream_ms", "records", "batches", "mutations",
+        "new_producer_ids", "rejected",
     )
 
-    def __init__(self, correlation_id: int, api_key: int, api_version: int, received_at: float) -> None:
+    def __init__(self, correlation_id: int, api_key: int, api_version: int, received_at: float,
+                 request_bytes: int = 0) -> None:
         self.correlation_id = correlation_id
         self.api_key = api_key
         self.api_version = api_version
         self.received_at = received_at
+        self.request_bytes = request_bytes
         self.response: bytes | bytearray | memoryview | None = None
         self.raw = False  # a raw SASL token (SaslHandshake v0): no header, no correlation id
         self.throttle_ms = 0  # the longest throttle the proxy's quotas asked for
@@ -79,6 +83,16 @@ class InFlight:
         self.note = None  # what a request filter wants to remember for the response
         self.produce = None  # a Produce request's ProduceScan, once a filter has needed it
         self.scan = None  # a Produce / Fetch response's ResponseScan, for the filters after
+        # For the usage log: when it went to the broker and how long the broker took; what a
+        # filter counted (records and batches of a Fetch response, None: not counted), the
+        # partitions a controller mutation asked for, new producer ids, a quota rejection.
+        self.forwarded_at = 0.0
+        self.upstream_ms = 0.0
+        self.records: int | None = None
+        self.batches = 0
+        self.mutations = 0
+        self.new_producer_ids = 0
+        self.rejected = False
 
 
 
@@ -112,7 +126,7 @@ class ClientConnection(asyncio.Protocol):
         "server", "cluster", "stats", "chain", "node_id", "session", "label", "transport",
         "upstream", "_reader", "_pending", "_awaiting_upstream", "_unsent", "_closed",
         "_raw_sasl_frames", "_close_when_drained", "gate", "_connect_task", "_muted_until", "_unmute",
-        "_deferred", "_held", "_held_error", "_acks0", "uplift", "_holding",
+        "_deferred", "_held", "_held_error", "_acks0", "uplift", "_holding", "usage",
     )
 
     def __init__(self, server: ProxyServer, node_id: int | None) -> None:
@@ -144,6 +158,7 @@ class ClientConnection(asyncio.Protocol):
         # sends one version higher (set from the broker's ApiVersions answer).
         self.uplift: dict[int, int] | None = None
         self._holding: set[asyncio.Task] = set()  # responses a filter is holding (Hold)
+        self.usage = server.usage  # proxy.usage_log.UsageLog, or None when off
 
     # -- client side ------------------------------------------------------------------------
 
@@ -198,7 +213,7 @@ class ClientConnection(asyncio.Protocol):
         self.session.client_id = header.client_id
         if header.body_offset < 0:
             self.stats.unknown_api_requests += 1
-        entry = InFlight(header.correlation_id, key, header.api_version, time.monotonic())
+        entry = InFlight(header.correlation_id, key, header.api_version, time.monotonic(), len(frame))
         self._apply_filters(header, frame, entry, self.chain.request_filters(key), out)
 
     def _guarded(self, call, *args) -> bool:
@@ -248,9 +263,13 @@ class ClientConnection(asyncio.Protocol):
             self._acks0.append(header.correlation_id)
             if entry.throttle_ms:
                 self.mute(entry.throttle_ms)
+            if self.usage is not None:
+                self._count_usage(entry, 0)
         else:
             self._pending.append(entry)
             self._awaiting_upstream.append(entry)
+            if self.usage is not None:
+                entry.forwarded_at = time.monotonic()
         out.append(_INT32.pack(len(frame)))
         out.append(frame)
 
@@ -405,6 +424,8 @@ class ClientConnection(asyncio.Protocol):
             self._upstream_failed(f"unsolicited response of {len(frame)} bytes")
             return
         entry = self._awaiting_upstream.popleft()
+        if entry.forwarded_at:
+            entry.upstream_ms = (time.monotonic() - entry.forwarded_at) * 1000
         if entry.raw:
             self._on_raw_sasl_response(frame)
         else:
@@ -450,10 +471,13 @@ class ClientConnection(asyncio.Protocol):
         entry.response = frame
         pending = self._pending
         transport = self.transport
+        usage = self.usage
         while pending and pending[0].response is not None:
             done = pending.popleft()
             data = done.response
             done.response = None
+            if usage is not None and not done.raw:
+                self._count_usage(done, len(data))
             self.stats.bytes_upstream_to_client += len(data) + 4
             self.stats.responses[(done.api_key, done.api_version)] += 1
             self.stats.latency[done.api_key].observe(time.monotonic() - done.received_at)
@@ -463,6 +487,20 @@ class ClientConnection(asyncio.Protocol):
                     self.mute(done.throttle_ms)  # KIP-219: answer at once, then stop reading
         if self._close_when_drained and not pending:
             self._close()
+
+    def _count_usage(self, entry: InFlight, response_bytes: int) -> None:
+        scan = entry.produce
+        if scan:
+            records, batches = scan.records, scan.batches
+        else:
+            records, batches = entry.records or 0, entry.batches
+        session = self.session
+        self.usage.add(
+            session.principal, session.client_id or "", entry.api_key,
+            request_bytes=entry.request_bytes, response_bytes=response_bytes, records=records,
+            batches=batches, mutations=entry.mutations, new_producer_ids=entry.new_producer_ids,
+            throttle_ms=entry.throttle_ms, rejected=entry.rejected, upstream_ms=entry.upstream_ms,
+        )
 
     def _upstream_failed(self, reason: str) -> None:
         log.error("broker connection for %s failed: %s; closing client", self.label, reason)

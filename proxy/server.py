@@ -13,7 +13,7 @@ from config import ConfigError
 from config.model import Config
 from quotas import QuotaManager
 from quotas.limiters import LimiterContext, RateLimiter
-from quotas.producer_ids import ProducerIdQuotaManager
+from quotas.producer_ids import ProducerIdObserver, ProducerIdQuotaManager
 
 from .cluster import Cluster
 from .connection import ClientConnection
@@ -29,9 +29,11 @@ from .filters.leaders import LeaderHintFilter, UpliftFilter
 from .filters.limiters import RateLimiterFilter
 from .filters.producer_ids import ProducerIdQuotaFilter
 from .filters.quotas import RateQuotaFilter, now_ms
+from .filters.usage import UsageFilter
 from .topics import TopicCache
 from .quota_metrics import ProducerIdCollector, QuotaCollector
 from .stats import ProxyStats, StatsCollector
+from .usage_log import UsageLog, UsageLogCollector
 
 log = logging.getLogger("proxy.server")
 
@@ -43,6 +45,7 @@ def default_chain(
     producer_ids: ProducerIdQuotaFilter,
     limiters: RateLimiterFilter,
     leader_hints: LeaderHintFilter,
+    usage: UsageFilter | None = None,
 ) -> FilterChain:
     api_versions = ApiVersionsFilter(uplift=config.leader_discovery.uplift)
     sasl = SaslFilter()
@@ -52,13 +55,17 @@ def default_chain(
         quota_manager, topics, config.controller_mutation.num_partitions_fallback,
         config.upstream.connect_timeout_s,
     )
+    mutations.count_all = usage is not None
+    counting = [usage] if usage is not None else []
     return FilterChain(
-        # A Produce rejected for its producer ids is not shown to the record limiters.
-        # Uplift last: every filter reads the request at the version the client used.
-        request_filters=[rates, api_versions, sasl, mutations, producer_ids, limiters, UpliftFilter()],
+        # A Produce rejected for its producer ids is not shown to the record limiters (the
+        # usage log sees its ids first). Uplift last: every filter reads the request at the
+        # version the client used.
+        request_filters=[rates, api_versions, sasl, mutations, *counting, producer_ids, limiters, UpliftFilter()],
         # Record limiters see a Fetch response after the byte quota may have emptied it; leader
         # hints are filled in with broker addresses before the endpoint filter rewrites them.
-        response_filters=[rates, limiters, api_versions, leader_hints, EndpointRewriteFilter(), sasl, mutations],
+        response_filters=[rates, limiters, *counting, api_versions, leader_hints, EndpointRewriteFilter(), sasl,
+                          mutations],
     )
 
 
@@ -113,6 +120,7 @@ class ProxyServer:
         self.limiter_filter = RateLimiterFilter(self.limiters)
         self.registry.register(ProducerIdCollector(self.producer_ids, self.producer_id_filter, self.limiter_filter, now_ms))
         self.topics = TopicCache()
+        self.usage, usage_filter = self._usage_log(config)
         self.cluster = Cluster(config, self.stats, self._serve_node)
         self.leaders = LeaderCache()
         ld = config.leader_discovery
@@ -121,12 +129,23 @@ class ProxyServer:
         self.registry.register(LeaderCollector(self.leaders, self.stats))
         self.chain = default_chain(config, self.quotas, self.topics, self.producer_id_filter, self.limiter_filter,
                                    LeaderHintFilter(self.leaders, self.refresher, ld.fill_hints,
-                                                    ld.hint_wait_ms / 1000))
+                                                    ld.hint_wait_ms / 1000), usage_filter)
         self.connections: set[ClientConnection] = set()
         self._servers: list[asyncio.AbstractServer] = []
         self._tasks: set[asyncio.Task] = set()
         self.bootstrap_address: tuple[str, int] | None = None
         self.metrics_address: tuple[str, int] | None = None
+
+    def _usage_log(self, config: Config) -> tuple[UsageLog | None, UsageFilter | None]:
+        u = config.usage_log
+        if not u.enabled:
+            return None, None
+        usage = UsageLog(u.directory, u.interval_seconds, u.max_keys_per_interval,
+                         u.proxy_name or socket.gethostname(), u.max_pending_intervals)
+        self.registry.register(UsageLogCollector(usage))
+        self.producer_id_observer = ProducerIdObserver(config.producer_id_quota.settings(),
+                                                       config.quota_entities.max_live)
+        return usage, UsageFilter(self.producer_id_observer, u.count_fetch_records)
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -151,11 +170,17 @@ class ProxyServer:
         self._spawn(self._refresh_periodically(up.metadata_refresh_interval_s, up.connect_timeout_s))
         self._spawn(self._expire_quota_entities())
         self._spawn(self._clean_producer_ids())
+        if self.usage is not None:
+            self.usage.start()
+            log.info("usage log: every %ds to %s", self.config.usage_log.interval_seconds,
+                     self.config.usage_log.directory)
 
     async def _expire_quota_entities(self) -> None:
         while True:
             await asyncio.sleep(60)
             self.quotas.expire(now_ms())
+            if self.usage is not None:
+                self.producer_id_observer.cleanup(now_ms())
 
     async def _refresh_periodically(self, interval_s: float, timeout_s: float) -> None:
         """The proxy's own metadata refresh: the brokers and the leaders of every topic clients
@@ -228,6 +253,8 @@ class ProxyServer:
             conn._close()
         for server in self._servers:
             await server.wait_closed()
+        if self.usage is not None:
+            await self.usage.close()
 
 
 def _close_limiter(limiter: RateLimiter) -> None:

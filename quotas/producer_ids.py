@@ -317,3 +317,41 @@ class ProducerIdQuotaManager:
                 )
             )
         return out
+
+
+class ProducerIdObserver:
+    """Counts the producer ids each user brings that it was not seen with in the last window,
+    quota or not (for the usage log): the same layered filters as the quota, grown from the
+    smallest shape as ids arrive. At most ``max_users`` users are followed; the one seen
+    longest ago makes room."""
+
+    def __init__(self, settings: ProducerIdSettings | None = None, max_users: int = 100_000) -> None:
+        self.settings = settings or ProducerIdSettings()
+        self.max_users = max_users
+        self._policy = self.settings.policy(0)
+        self._users: dict[str, LayeredBloomFilter] = {}  # least recently seen first
+
+    def new_ids(self, user: str, producer_ids: Sequence[int], now_ms: int) -> int:
+        users = self._users
+        bloom = users.pop(user, None)
+        if bloom is None:
+            bloom = LayeredBloomFilter(self._policy)
+            if len(users) >= self.max_users:
+                del users[next(iter(users))]
+        users[user] = bloom
+        return sum(1 for pid in producer_ids if not bloom.track(pid, now_ms))
+
+    def cleanup(self, now_ms: int) -> int:
+        """Forgets users with no id seen within the window; returns how many."""
+        gone = []
+        for user, bloom in self._users.items():
+            bloom.cleanup(now_ms)
+            if not bloom.layers:
+                gone.append(user)
+        for user in gone:
+            del self._users[user]
+        return len(gone)
+
+    @property
+    def tracked_users(self) -> int:
+        return len(self._users)

@@ -51,6 +51,8 @@ class ControllerMutationFilter:
         self.topics = topics  # proxy.topics.TopicCache
         self.fallback_num_partitions = fallback_num_partitions
         self.timeout_s = timeout_s
+        # The usage log counts partition mutations whether or not a quota applies.
+        self.count_all = False
 
     # -- request side -----------------------------------------------------------------------
 
@@ -62,12 +64,13 @@ class ControllerMutationFilter:
             entry.note = VALIDATE_ONLY  # its response must not teach the topic cache anything
             return None  # KIP-599: validation is not a mutation
         user, client_id = conn.session.principal, header.client_id or ""
-        if self.manager.resolve(user, client_id, CONTROLLER_MUTATION_RATE) is None:
+        limited = self.manager.resolve(user, client_id, CONTROLLER_MUTATION_RATE) is not None
+        if not limited and not self.count_all:
             return None
         topics = self._topics(header.api_key, header.api_version, req)
         if any(t.mutations is None for t in topics):
-            return Defer(self._after_lookup(conn, header, frame, req, entry, topics))
-        return self._decide(conn, header, frame, req, entry, topics)
+            return Defer(self._after_lookup(conn, header, frame, req, entry, topics, limited))
+        return self._decide(conn, header, frame, req, entry, topics, limited)
 
     def _topics(self, key: int, version: int, req) -> list[_Topic]:
         out = []
@@ -90,7 +93,7 @@ class ControllerMutationFilter:
                 out.append(_Topic(name, name, None, self.topics.count(name)))
         return out
 
-    async def _after_lookup(self, conn, header, frame, req, entry, topics):
+    async def _after_lookup(self, conn, header, frame, req, entry, topics, limited: bool):
         missing_names = [t.name for t in topics if t.mutations is None and t.name]
         missing_ids = [t.topic_id for t in topics if t.mutations is None and not t.name and t.topic_id]
         address = conn.cluster.upstream_address(None, 0)
@@ -111,15 +114,17 @@ class ControllerMutationFilter:
             if t.mutations is None:
                 # A topic the broker does not know deletes nothing; a CreatePartitions on it fails.
                 t.mutations = 0
-        return self._decide(conn, header, frame, req, entry, refreshed)
+        return self._decide(conn, header, frame, req, entry, refreshed, limited)
 
-    def _decide(self, conn, header, frame, req, entry, topics: list[_Topic]):
+    def _decide(self, conn, header, frame, req, entry, topics: list[_Topic], limited: bool = True):
+        entry.mutations = sum(t.mutations for t in topics)
+        if not limited:
+            return None
         user, client_id = conn.session.principal, header.client_id or ""
         now = now_ms()
         if header.api_version < STRICT_SINCE[header.api_key]:
-            total = sum(t.mutations for t in topics)
-            if total:
-                decision = self.manager.record(user, client_id, CONTROLLER_MUTATION_RATE, total, now)
+            if entry.mutations:
+                decision = self.manager.record(user, client_id, CONTROLLER_MUTATION_RATE, entry.mutations, now)
                 entry.throttle_ms = max(entry.throttle_ms, decision.throttle_ms)
             return None
         admitted, rejected, throttle = [], [], 0
@@ -135,6 +140,7 @@ class ControllerMutationFilter:
                 throttle = max(throttle, decision.throttle_ms)
         if not rejected:
             return None  # StrictControllerMutationQuota: no rejection, no throttle
+        entry.rejected = True
         entry.throttle_ms = max(entry.throttle_ms, throttle)
         if not admitted:
             body = encode_body(self._response(header.api_key, header.api_version, topics, None, throttle))

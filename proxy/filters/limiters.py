@@ -8,12 +8,10 @@ import logging
 from collections.abc import Sequence
 
 from protocol.apis import ApiKey
-from protocol.headers import response_body_offset
-from protocol.records import RecordsError, count_fetch_records
 from quotas.limiters import RateLimiter, Usage
 
 from .quotas import now_ms
-from .records import produce_scan
+from .records import count_fetched, produce_scan
 
 log = logging.getLogger("proxy.limiters")
 
@@ -59,15 +57,10 @@ class RateLimiterFilter:
         limiters = self._on_fetch
         if not limiters:
             return frame
-        offset = response_body_offset(frame, entry.api_key, entry.api_version)
-        try:
-            counted = count_fetch_records(memoryview(frame)[offset:], entry.api_version)
-        except RecordsError as exc:
-            conn.stats.records_scan_failures["Fetch"] += 1
-            log.warning("unreadable record batches in a Fetch response for %s: %s; not charged", conn.label, exc)
+        if not count_fetched(conn, entry, frame):
             return frame
         usage = Usage(conn.session.principal, conn.session.client_id or "", entry.api_key, entry.api_version,
-                      len(frame), counted.batches, counted.records, response=True)
+                      len(frame), entry.batches, entry.records, response=True)
         # KIP-731: the records are delivered and the client then pauses just long enough to
         # bring its rate back to the bound (not emptied and re-fetched like a byte quota).
         throttle = self._throttle(limiters, usage)

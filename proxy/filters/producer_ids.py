@@ -53,6 +53,7 @@ class ProducerIdQuotaFilter:
             return Close(f"new producer ids over producer_ids_rate for user {user!r} on an acks=0 produce")
         if decision.throttle_ms > entry.throttle_ms:
             entry.throttle_ms = decision.throttle_ms  # answered, then the connection is muted (KIP-219)
+        entry.rejected = True
         return Answer(produce_error_response(
             header.correlation_id, header.api_version, scan.topics,
             errors.THROTTLING_QUOTA_EXCEEDED, entry.throttle_ms, REJECTED_MESSAGE,

@@ -1,10 +1,11 @@
-"""The batch headers of a Produce request, read once per request for every filter that needs them."""
+"""Batch headers read once per request (Produce) or response (Fetch) for every filter that needs them."""
 
 from __future__ import annotations
 
 import logging
 
-from protocol.records import ProduceScan, RecordsError, scan_produce_request
+from protocol.headers import response_body_offset
+from protocol.records import ProduceScan, RecordsError, count_fetch_records, scan_produce_request
 
 log = logging.getLogger("proxy.records")
 
@@ -28,3 +29,24 @@ def produce_scan(conn, header, frame, entry) -> ProduceScan | None:
         return None
     entry.produce = scan
     return scan
+
+
+def count_fetched(conn, entry, frame) -> bool:
+    """Counts a Fetch response's records and batches onto its in-flight entry, once.
+
+    False for a response whose batches cannot be read: it is counted and logged, and passes on
+    as it is, uncounted and uncharged.
+    """
+    if entry.records is not None:
+        return True
+    offset = response_body_offset(frame, entry.api_key, entry.api_version)
+    try:
+        counted = count_fetch_records(memoryview(frame)[offset:], entry.api_version)
+    except RecordsError as exc:
+        conn.stats.records_scan_failures["Fetch"] += 1
+        log.warning("unreadable record batches in a Fetch response for %s: %s; not counted or charged",
+                    conn.label, exc)
+        entry.records = 0
+        return False
+    entry.records, entry.batches = counted.records, counted.batches
+    return True
