@@ -28,6 +28,12 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("file")
     demo = sub.add_parser("demo", help="start a local broker with the proxy in front and use it")
     demo.add_argument("--duration", type=float, default=None, help="seconds to keep running (default: until Ctrl-C)")
+    from pipeline import generate, report
+
+    report.add_arguments(sub.add_parser(
+        "report", help="turn a usage log into demand tables, recommended quotas, a what-if replay and "
+                       "an HTML report (PySpark)"))
+    generate.add_arguments(sub.add_parser("generate-usage", help="write sample multi-tenant usage for report"))
     for sp in (run, demo):
         sp.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
         sp.add_argument("--log-format", default="text", choices=["text", "json"])
@@ -44,6 +50,14 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(f"{args.file}: ok")
         return 0
+    if args.command == "report":
+        from pipeline.report import main as report_main
+
+        return report_main(args)
+    if args.command == "generate-usage":
+        from pipeline.generate import main as generate_main
+
+        return generate_main(args)
     logs.configure(args.log_level, args.log_format)
     if args.command == "demo":
         from .demo import run_demo

@@ -10,10 +10,11 @@ from dataclasses import replace
 from prometheus_client import CollectorRegistry
 
 from config import ConfigError
+from config.engines import producer_id_manager_for, quota_manager_for
 from config.model import Config
 from quotas import QuotaManager
 from quotas.limiters import LimiterContext, RateLimiter
-from quotas.producer_ids import ProducerIdObserver, ProducerIdQuotaManager
+from quotas.producer_ids import ProducerIdObserver
 
 from .cluster import Cluster
 from .connection import ClientConnection
@@ -93,19 +94,6 @@ def rate_limiters_for(config: Config, manager: QuotaManager, existing: dict | No
     return limiters
 
 
-def quota_manager_for(config: Config) -> QuotaManager:
-    w = config.quota_windows
-    return QuotaManager(
-        config.quotas,
-        quota_window_num=w.quota_window_num,
-        quota_window_size_s=w.quota_window_size_seconds,
-        controller_quota_window_num=w.controller_quota_window_num,
-        controller_quota_window_size_s=w.controller_quota_window_size_seconds,
-        idle_ms=int(config.quota_entities.idle_seconds * 1000),
-        max_entities=config.quota_entities.max_live,
-    )
-
-
 class ProxyServer:
     def __init__(self, config: Config, registry: CollectorRegistry | None = None) -> None:
         self.config = config
@@ -114,7 +102,7 @@ class ProxyServer:
         self.quotas = quota_manager_for(config)
         self.registry.register(StatsCollector(self.stats))
         self.registry.register(QuotaCollector(self.quotas, now_ms))
-        self.producer_ids = ProducerIdQuotaManager(config.quotas, config.producer_id_quota.settings())
+        self.producer_ids = producer_id_manager_for(config)
         self.limiters = rate_limiters_for(config, self.quotas)
         self.producer_id_filter = ProducerIdQuotaFilter(self.producer_ids, config.producer_id_quota.reaction)
         self.limiter_filter = RateLimiterFilter(self.limiters)

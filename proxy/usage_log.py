@@ -265,10 +265,13 @@ class UsageLog:
 
     async def close(self) -> None:
         """Writes everything counted so far, the partial interval included."""
+        while self._writing is not None:
+            # Cancelling the periodic flush while it awaits its write would cancel the write's
+            # future too; let it finish (that flush puts back what failed), then cancel.
+            await asyncio.wait([self._writing])
+            await asyncio.sleep(0)
         if self._task is not None:
             self._task.cancel()
-        if self._writing is not None:
-            await asyncio.shield(self._writing)
         self._pending.extend(self.aggregator.drain(None))
         batch, self._pending = self._pending, []
         if batch:

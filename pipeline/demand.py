@@ -1,0 +1,142 @@
+"""Per-principal demand from the usage log, with the DataFrame API only (nothing raw reaches the
+driver): per-interval rates for each quota kind, their percentiles, throttling, top talkers.
+
+A principal is (user, client id), Kafka's finest quota entity. Each proxy enforces its own
+quotas, so a sample is one principal's demand at one proxy in one interval.
+"""
+
+from __future__ import annotations
+
+from .kinds import DEMAND, PER_WINDOW, RATE_KINDS
+
+PRINCIPAL = ("user", "client_id")
+OTHER = "(other)"
+
+
+def interval_demand(usage):
+    """One row per (proxy, user, client_id, interval_start): the amount each rate kind charged,
+    and the throttling the proxy applied. Amounts, not rates: divide by ``interval_seconds``."""
+    from pyspark.sql import functions as F
+
+    aggs = []
+    for kind, d in DEMAND.items():
+        c = F.col(d.column)
+        if d.api_keys is not None:
+            c = F.when(F.col("api_key").isin(*sorted(d.api_keys)), c).otherwise(F.lit(0))
+        aggs.append(F.sum(c).alias(kind))
+    aggs += [
+        F.sum("new_producer_ids").alias("new_producer_ids"),
+        F.sum(F.col("request_bytes") + F.col("response_bytes")).alias("bytes"),
+        F.sum("throttle_time_ms_sum").alias("throttle_time_ms"),
+        F.sum("throttled").alias("throttled"),
+        F.sum("rejected").alias("rejected"),
+    ]
+    return usage.groupBy("proxy", *PRINCIPAL, "interval_start", "interval_seconds").agg(*aggs)
+
+
+def _long(intervals):
+    """(proxy, user, client_id, interval_start, interval_seconds, kind, amount, rate), amount > 0."""
+    from pyspark.sql import functions as F
+
+    pairs = ", ".join(f"'{k}', CAST(`{k}` AS DOUBLE)" for k in RATE_KINDS)
+    return (intervals.select("proxy", *PRINCIPAL, "interval_start", "interval_seconds",
+                             F.expr(f"stack({len(RATE_KINDS)}, {pairs}) AS (kind, amount)"))
+            .where(F.col("amount") > 0)
+            .withColumn("rate", F.col("amount") / F.col("interval_seconds")))
+
+
+def producer_id_windows(usage, window_s: float):
+    """New producer ids per (proxy, user, window), windows of ``window_s`` from the epoch
+    (tumbling: a burst across a window edge is split; the quota's own window slides)."""
+    from pyspark.sql import functions as F
+
+    start = F.floor(F.unix_timestamp("interval_start") / window_s) * window_s
+    return (usage.where(F.col("new_producer_ids") > 0)
+            .groupBy("proxy", "user", start.alias("window_start"))
+            .agg(F.sum("new_producer_ids").cast("double").alias("amount")))
+
+
+def demand_percentiles(intervals, pid_windows, quantiles=(0.5, 0.95, 0.99), accuracy: int = 10_000):
+    """Per (user, client_id, kind): samples, total, mean, the quantiles and the max of the
+    per-second rate over the intervals in which the principal used that kind (for
+    producer_ids_rate: new ids per window, per user, client_id "")."""
+    from pyspark.sql import functions as F
+
+    q = F.percentile_approx("rate", list(quantiles), accuracy)
+    rates = (_long(intervals).groupBy(*PRINCIPAL, "kind")
+             .agg(F.count("*").alias("samples"), F.sum("amount").alias("total"), F.avg("rate").alias("mean"),
+                  q.alias("q"), F.max("rate").alias("max")))
+    (pid_kind,) = PER_WINDOW
+    pids = (pid_windows.withColumn("rate", F.col("amount"))
+            .groupBy("user").agg(F.count("*").alias("samples"), F.sum("amount").alias("total"),
+                                 F.avg("rate").alias("mean"), q.alias("q"), F.max("rate").alias("max"))
+            .select("user", F.lit("").alias("client_id"), F.lit(pid_kind).alias("kind"),
+                    "samples", "total", "mean", "q", "max"))
+    both = rates.unionByName(pids)
+    cols = [F.col("q")[i].alias(f"p{_label(x)}") for i, x in enumerate(quantiles)]
+    return both.select(*PRINCIPAL, "kind", "samples", "total", "mean", *cols, "max")
+
+
+def _label(quantile: float) -> str:
+    return f"{quantile * 100:g}".replace(".", "_")
+
+
+def throttling(intervals):
+    """Per (user, client_id): requests, how many were throttled or rejected, and the throttle
+    time per second of activity (1.0: throttled all the time it was active)."""
+    from pyspark.sql import functions as F
+
+    from quotas.common import REQUEST_RATE
+
+    return (intervals.groupBy(*PRINCIPAL)
+            .agg(F.sum(REQUEST_RATE).alias("requests"), F.sum("throttled").alias("throttled"),
+                 F.sum("rejected").alias("rejected"), F.sum("throttle_time_ms").alias("throttle_time_ms"),
+                 F.sum("interval_seconds").alias("active_seconds"))
+            .withColumn("throttled_ratio", F.col("throttled") / F.col("requests"))
+            .withColumn("rejected_ratio", F.col("rejected") / F.col("requests"))
+            .withColumn("throttle_time_ratio", F.col("throttle_time_ms") / (F.col("active_seconds") * 1000.0)))
+
+
+def top_talkers(intervals, n: int):
+    """The ``n`` principals that moved the most bytes, with their share of all bytes."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    from quotas.common import CONTROLLER_MUTATION_RATE, REQUEST_RATE
+
+    totals = (intervals.groupBy(*PRINCIPAL)
+              .agg(F.sum("bytes").alias("bytes"), F.sum(REQUEST_RATE).alias("requests"),
+                   F.sum(CONTROLLER_MUTATION_RATE).alias("partition_mutations"),
+                   F.sum("new_producer_ids").alias("new_producer_ids"))
+              .withColumn("bytes_share", F.col("bytes") / F.sum("bytes").over(Window.partitionBy())))
+    return totals.orderBy(F.desc("bytes"), *PRINCIPAL).limit(n)
+
+
+def timeline(intervals, columns: list[str], keep: int, max_points: int):
+    """Per-second rates of ``columns`` over time for charts: the ``keep`` principals with the
+    most of each column by name, everyone else as "others", in at most ``max_points`` buckets.
+    Small by construction: (max_points × (keep + 1)) rows per column. The key ``"span"`` holds
+    (first bucket, last bucket, bucket seconds) so charts share one time axis."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    span = intervals.agg(F.min("interval_start").alias("lo"), F.max("interval_start").alias("hi"),
+                         F.max("interval_seconds").alias("step")).first()
+    if span.lo is None:
+        return {}
+    seconds = (span.hi - span.lo).total_seconds() + span.step
+    # A whole number of intervals per bucket, so every bucket averages the same number of them.
+    bucket_s = span.step * max(1, int(-(-seconds // (max_points * span.step))))
+    bucket = (F.floor(F.unix_timestamp("interval_start") / bucket_s) * bucket_s).cast("timestamp")
+    named = intervals.withColumn("principal", F.concat_ws(" / ", *PRINCIPAL))
+    out = {}
+    for column in columns:
+        ranked = (named.groupBy("principal").agg(F.sum(column).alias("total")).where(F.col("total") > 0)
+                  .withColumn("rank", F.row_number().over(Window.orderBy(F.desc("total"), "principal"))))
+        labelled = (named.join(ranked.select("principal", "rank"), "principal")
+                    .withColumn("series", F.when(F.col("rank") <= keep, F.col("principal")).otherwise("others")))
+        out[column] = (labelled.groupBy(bucket.alias("time"), "series")
+                       .agg((F.sum(column) / bucket_s).alias("rate")).toPandas())
+    first = span.lo.timestamp() // bucket_s * bucket_s
+    out["span"] = (first, span.hi.timestamp() // bucket_s * bucket_s, bucket_s)
+    return out

@@ -1,0 +1,108 @@
+"""The HTML report: charts (matplotlib, PNG beside the page) and the tables that are also CSV."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+CHARTS = (
+    # (timeline column, title, unit)
+    ("producer_byte_rate", "Produce bytes per second", "bytes/s"),
+    ("consumer_byte_rate", "Fetch bytes per second", "bytes/s"),
+    ("request_rate", "Requests per second", "requests/s"),
+    ("controller_mutation_rate", "Partition mutations per second (KIP-599)", "partitions/s"),
+    ("new_producer_ids", "New producer ids per second (KIP-936)", "ids/s"),
+    ("throttle_time_ms", "Throttle time given, ms per second", "ms/s"),
+)
+
+
+def stacked_chart(pdf, title: str, unit: str, path: Path, span=None) -> bool:
+    """A stacked area chart of ``pdf`` (time, series, rate): the biggest series first and
+    named in the legend, so the one that dominates is seen at once; buckets without demand are
+    drawn as zero over the whole ``span`` (first, last, step seconds). False if nothing to draw."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    if pdf is None or pdf.empty:
+        return False
+    wide = pdf.pivot_table(index="time", columns="series", values="rate", aggfunc="sum").fillna(0.0).sort_index()
+    if span is not None:
+        first, last, step = span
+        full = pd.to_datetime([first + i * step for i in range(int((last - first) // step) + 1)], unit="s")
+        wide.index = pd.to_datetime(wide.index)
+        wide = wide.reindex(full, fill_value=0.0)
+    order = wide.sum().sort_values(ascending=False).index.tolist()
+    if "others" in order:
+        order.remove("others")
+        order.append("others")
+    wide = wide[order]
+    total = float(wide.to_numpy().sum()) or 1.0
+    labels = [f"{name} ({wide[name].sum() / total:.0%})" for name in order]
+    fig, ax = plt.subplots(figsize=(10, 3.6), dpi=100)
+    ax.stackplot(wide.index, wide.T.to_numpy(), labels=labels, alpha=0.85)
+    ax.set_title(title)
+    ax.set_ylabel(unit)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    fig.autofmt_xdate()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return True
+
+
+def bar_chart(labels: list[str], values: list[float], title: str, unit: str, path: Path) -> bool:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not labels:
+        return False
+    fig, ax = plt.subplots(figsize=(10, 0.35 * len(labels) + 1.2), dpi=100)
+    ax.barh(labels[::-1], values[::-1], color="#c0392b")
+    ax.set_title(title)
+    ax.set_xlabel(unit)
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return True
+
+
+def _table(pdf, limit: int = 50) -> str:
+    if pdf is None or pdf.empty:
+        return "<p><em>none</em></p>"
+    more = f"<p>{len(pdf) - limit} more rows in the CSV.</p>" if len(pdf) > limit else ""
+    return pdf.head(limit).to_html(index=False, float_format=lambda v: f"{v:,.3f}", border=0,
+                                   classes="t") + more
+
+
+def write_report(out: Path, *, title: str, summary: list[str], headlines: list[str], charts: list[Path],
+                 tables: list[tuple[str, str, object]], recommended_yaml: str) -> Path:
+    """``tables``: (heading, CSV file name, pandas DataFrame)."""
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'>",
+        f"<title>{html.escape(title)}</title>",
+        "<style>body{font-family:sans-serif;margin:2em;max-width:1200px}"
+        "table.t{border-collapse:collapse;font-size:13px}table.t td,table.t th{padding:3px 8px;"
+        "border-bottom:1px solid #ddd;text-align:right}table.t td:first-child,table.t td:nth-child(2)"
+        "{text-align:left}li.hot{color:#c0392b}pre{background:#f6f6f6;padding:1em;overflow:auto}</style>",
+        f"</head><body><h1>{html.escape(title)}</h1>",
+        "<ul>" + "".join(f"<li>{html.escape(s)}</li>" for s in summary) + "</ul>",
+        "<h2>Who dominates</h2><ul>" + "".join(f"<li class='hot'>{html.escape(h)}</li>" for h in headlines) + "</ul>",
+        "<h2>Demand over time</h2>",
+    ]
+    parts += [f"<p><img src='{html.escape(p.relative_to(out).as_posix())}' alt='{html.escape(p.stem)}'></p>"
+              for p in charts]
+    for heading, csv_name, pdf in tables:
+        parts.append(f"<h2>{html.escape(heading)}</h2><p><a href='{html.escape(csv_name)}'>{html.escape(csv_name)}</a></p>")
+        parts.append(_table(pdf))
+    parts.append("<h2>Recommended quotas</h2><p><a href='recommended-quotas.yaml'>recommended-quotas.yaml</a></p>")
+    parts.append(f"<pre>{html.escape(recommended_yaml)}</pre></body></html>")
+    path = out / "report.html"
+    path.write_text("\n".join(parts), encoding="utf-8")
+    return path

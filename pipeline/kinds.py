@@ -1,0 +1,35 @@
+"""Which usage-log column each quota kind charges, and on which APIs (as the proxy charges them)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from quotas.common import (
+    CONSUMER_BYTE_RATE, CONSUMER_RECORD_RATE, CONTROLLER_MUTATION_RATE, PRODUCER_BATCH_RATE,
+    PRODUCER_BYTE_RATE, PRODUCER_IDS_RATE, PRODUCER_RECORD_RATE, REQUEST_RATE,
+)
+
+PRODUCE, FETCH = 0, 1
+CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS = 19, 20, 37
+
+
+class Demand(NamedTuple):
+    column: str
+    api_keys: frozenset[int] | None  # None: every API
+    unit: str
+
+
+DEMAND: dict[str, Demand] = {
+    REQUEST_RATE: Demand("requests", None, "requests/s"),
+    PRODUCER_BYTE_RATE: Demand("request_bytes", frozenset({PRODUCE}), "bytes/s"),
+    CONSUMER_BYTE_RATE: Demand("response_bytes", frozenset({FETCH}), "bytes/s"),
+    PRODUCER_RECORD_RATE: Demand("records", frozenset({PRODUCE}), "records/s"),
+    CONSUMER_RECORD_RATE: Demand("records", frozenset({FETCH}), "records/s"),
+    PRODUCER_BATCH_RATE: Demand("batches", frozenset({PRODUCE}), "batches/s"),
+    CONTROLLER_MUTATION_RATE: Demand("partition_mutations",
+                                     frozenset({CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS}), "partitions/s"),
+}
+# KIP-936: producer_ids_rate counts new ids per user per producer-id window, not per second.
+PER_WINDOW = {PRODUCER_IDS_RATE: Demand("new_producer_ids", frozenset({PRODUCE}), "producer ids/window")}
+RATE_KINDS = tuple(DEMAND)
+ALL_KINDS = RATE_KINDS + tuple(PER_WINDOW)

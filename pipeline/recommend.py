@@ -1,0 +1,129 @@
+"""Recommended quotas: for each principal and quota kind, the smallest bound that would have
+admitted a chosen share of its observed demand unthrottled, plus headroom; written as a
+``quotas:`` block the proxy loads unchanged.
+
+"Admitted" is by volume: a bound q admits min(demand, q × seconds) of each interval's demand,
+so q admits share s when Σ min(rate_i, q)·t_i ≥ s · Σ rate_i·t_i. Demand within an interval is
+taken as even (the log keeps sums per interval), so bursts shorter than an interval are not seen.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timezone
+
+import numpy as np
+import yaml
+
+from proxy.principal import ANONYMOUS
+
+from .demand import OTHER, PRINCIPAL, _long
+from .kinds import ALL_KINDS, PER_WINDOW
+
+RECOMMENDED_SCHEMA = "user string, client_id string, kind string, admitting double, recommended double"
+
+
+def admitting(rates: np.ndarray, seconds: np.ndarray, share: float) -> float:
+    """The smallest q with Σ min(rate, q)·seconds ≥ share · Σ rate·seconds (0 for no demand)."""
+    order = np.argsort(rates, kind="stable")
+    r, t = rates[order].astype(float), seconds[order].astype(float)
+    total = float(np.dot(r, t))
+    if total <= 0:
+        return 0.0
+    target = share * total
+    # Below r[k], the first k samples are admitted whole and the rest at q each.
+    whole = np.concatenate(([0.0], np.cumsum(r * t)))[:-1]
+    rest = np.cumsum(t[::-1])[::-1]
+    admitted_at = whole + r * rest
+    k = int(np.searchsorted(admitted_at, target * (1 - 1e-12), side="left"))
+    k = min(k, len(r) - 1)
+    return float(max((target - whole[k]) / rest[k], 0.0))
+
+
+def recommended_value(admitting_q: float, headroom: float) -> float:
+    """``admitting_q`` plus headroom, rounded up to a whole unit (at least 1)."""
+    return float(max(1, math.ceil(admitting_q * (1 + headroom) - 1e-9)))
+
+
+def recommendations(intervals, pid_windows, share: float, headroom: float):
+    """(user, client_id, kind, admitting, recommended) for every principal and kind with demand;
+    producer_ids_rate per user (client_id ""). The (other) overflow row gets none."""
+    from pyspark.sql import functions as F
+
+    def per_group(pdf):
+        q = admitting(pdf["rate"].to_numpy(), pdf["interval_seconds"].to_numpy(), share)
+        return _row(pdf, q)
+
+    def _row(pdf, q):
+        import pandas as pd
+
+        return pd.DataFrame({"user": [pdf["user"].iloc[0]], "client_id": [pdf["client_id"].iloc[0]],
+                             "kind": [pdf["kind"].iloc[0]], "admitting": [q],
+                             "recommended": [recommended_value(q, headroom)]})
+
+    rates = (_long(intervals).where(F.col("user") != OTHER)
+             .select(*PRINCIPAL, "kind", "rate", "interval_seconds")
+             .groupBy(*PRINCIPAL, "kind").applyInPandas(per_group, RECOMMENDED_SCHEMA))
+    (pid_kind,) = PER_WINDOW
+    pids = (pid_windows.where(F.col("user") != OTHER)
+            .select("user", F.lit("").alias("client_id"), F.lit(pid_kind).alias("kind"),
+                    F.col("amount").alias("rate"), F.lit(1.0).alias("interval_seconds"))
+            .groupBy("user").applyInPandas(per_group, RECOMMENDED_SCHEMA))
+    return rates.unionByName(pids)
+
+
+def quota_entries(rows) -> tuple[list[dict], list[str]]:
+    """Config entries (one per entity, kinds merged, in a stable order) from recommendation
+    rows (dicts or pandas rows with user, client_id, kind, recommended), and notes on what
+    could not be expressed as a quota entity.
+
+    An authenticated user gets user + client_id entries; ANONYMOUS gets client_id entries
+    (Kafka's client-id quotas); producer_ids_rate is user-level (KIP-936).
+    """
+    entities: dict[tuple, dict] = {}
+    notes = []
+    for row in rows:
+        user, client_id, kind, value = row["user"], row["client_id"], row["kind"], row["recommended"]
+        if kind in PER_WINDOW:
+            key = (("user", user),)
+        elif not client_id:
+            if user == ANONYMOUS:
+                notes.append(f"{kind}: requests from ANONYMOUS without a client id cannot be given a quota entity")
+                continue
+            key = (("user", user),)
+        elif user == ANONYMOUS:
+            key = (("client_id", client_id),)
+        else:
+            key = (("user", user), ("client_id", client_id))
+        entry = entities.setdefault(key, dict(key))
+        entry[kind] = int(value) if float(value).is_integer() else float(value)
+    order = {k: i for i, k in enumerate(ALL_KINDS)}
+    out = []
+    for key in sorted(entities, key=lambda k: tuple((a, b) for a, b in k)):
+        e = entities[key]
+        head = {k: e[k] for k in ("user", "client_id") if k in e}
+        kinds = sorted((k for k in e if k not in head), key=order.__getitem__)
+        out.append({**head, **{k: e[k] for k in kinds}})
+    return out, notes
+
+
+def quotas_yaml(entries: list[dict], notes: list[str], share: float, headroom: float,
+                base_config: dict | None, span: tuple[datetime, datetime] | None) -> str:
+    """A configuration file: the base configuration's sections (or a placeholder upstream) with
+    ``quotas:`` replaced by the recommendation. ``check-config`` accepts it as it is."""
+    when = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    lines = [
+        f"# Recommended quotas, by kafka-quota-proxy report at {when}.",
+        f"# Each value admits {share:.4g} of the principal's observed demand (by volume, per usage-log",
+        f"# interval) plus {headroom:.0%} headroom.",
+    ]
+    if span is not None:
+        lines.append(f"# Usage from {span[0]:%Y-%m-%d %H:%M} to {span[1]:%Y-%m-%d %H:%M} UTC.")
+    lines += [f"# Not covered: {n}" for n in notes]
+    config = dict(base_config or {})
+    if not base_config:
+        lines.append("# upstream below is a placeholder: run report with --config to carry yours over.")
+        config["upstream"] = {"bootstrap_servers": ["127.0.0.1:9092"]}
+    config["quotas"] = entries
+    body = yaml.safe_dump(config, sort_keys=False, default_flow_style=False, allow_unicode=True)
+    return "\n".join(lines) + "\n" + body

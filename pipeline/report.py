@@ -1,0 +1,267 @@
+"""``kafka-quota-proxy report``: usage log in, report out.
+
+Steps (each prints a progress line; Spark's own stage progress shows while it runs):
+read and check the usage log → demand per principal and interval → percentiles, throttling,
+top talkers → recommended quotas (YAML, checked with the proxy's own loader) → what-if replay
+of a candidate configuration (default: the recommendation) → charts and HTML.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from .errors import UsageError
+
+QUANTILES = (0.5, 0.95, 0.99)
+
+
+@dataclass
+class Options:
+    usage: str
+    out: Path
+    master: str = "local[*]"
+    since: str | None = None
+    until: str | None = None
+    share: float = 0.99
+    headroom: float = 0.2
+    config: Path | None = None  # the base configuration carried into the recommendation
+    candidate: Path | None = None  # the configuration to replay (default: the recommendation)
+    top: int = 10
+    max_events: int = 10
+    shuffle_partitions: int | None = None
+    driver_memory: str | None = None
+    quiet: bool = False
+
+
+@dataclass
+class Outputs:
+    files: dict[str, Path] = field(default_factory=dict)
+    rows: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+class Progress:
+    def __init__(self, steps: int, quiet: bool) -> None:
+        self.steps, self.quiet, self.n = steps, quiet, 0
+        self.started = time.monotonic()
+        self.seconds: dict[str, float] = {}
+
+    def step(self, what: str):
+        self.n += 1
+        if not self.quiet:
+            print(f"[{self.n}/{self.steps}] {what} …", file=sys.stderr, flush=True)
+        return _Timed(self, what)
+
+
+class _Timed:
+    def __init__(self, progress: Progress, what: str) -> None:
+        self.progress, self.what = progress, what
+
+    def __enter__(self):
+        self.t = time.monotonic()
+
+    def __exit__(self, *exc):
+        took = time.monotonic() - self.t
+        self.progress.seconds[self.what] = took
+        if not self.progress.quiet and exc[0] is None:
+            print(f"      done in {took:.1f} s", file=sys.stderr, flush=True)
+
+
+def run_report(opts: Options, spark=None) -> Outputs:
+    """Builds every output under ``opts.out``. Raises UsageError on bad input or options."""
+    if not 0 < opts.share <= 1:
+        raise UsageError(f"--share must be in (0, 1], got {opts.share}")
+    if opts.headroom < 0:
+        raise UsageError(f"--headroom must be >= 0, got {opts.headroom}")
+    from config import ConfigError, load_config
+
+    from . import demand
+    from .html import CHARTS, bar_chart, stacked_chart, write_report
+    from .recommend import quota_entries, quotas_yaml, recommendations
+    from .replay import replay
+    from .spark import parse_time, read_usage, spark_errors, spark_session
+
+    base = _load_yaml(opts.config, "--config") if opts.config else None
+    window_s = 3600.0
+    if opts.config:
+        try:
+            window_s = load_config(opts.config).producer_id_quota.producer_id_quota_window_size_seconds
+        except ConfigError as exc:
+            raise UsageError(f"--config {opts.config}: {exc}") from exc
+    candidate_text = None
+    if opts.candidate:
+        candidate_text = _read(opts.candidate, "--candidate")
+        try:
+            load_config(opts.candidate)
+        except ConfigError as exc:
+            raise UsageError(f"--candidate {opts.candidate}: {exc}") from exc
+    since = parse_time(opts.since) if opts.since else None
+    until = parse_time(opts.until) if opts.until else None
+    out = opts.out
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "charts").mkdir(exist_ok=True)
+    result = Outputs()
+    progress = Progress(7, opts.quiet)
+
+    with progress.step("starting Spark"):
+        spark = spark or spark_session(opts.master, shuffle_partitions=opts.shuffle_partitions,
+                                       driver_memory=opts.driver_memory)
+    from pyspark.sql import functions as F
+
+    with spark_errors():
+        with progress.step(f"reading and checking the usage log in {opts.usage}"):
+            usage = read_usage(spark, opts.usage, since, until)
+            stats = usage.agg(F.count("*").alias("rows"), F.min("interval_start").alias("lo"),
+                              F.max("interval_start").alias("hi"),
+                              F.countDistinct("user", "client_id").alias("principals")).first()
+            if not stats.rows:
+                raise UsageError(f"no usage rows in {opts.usage}" + (" between --since and --until" if since or until else ""))
+            result.rows = stats.rows
+
+        with progress.step("demand per principal and interval; percentiles, throttling, top talkers"):
+            intervals = demand.interval_demand(usage).cache()
+            pid_windows = demand.producer_id_windows(usage, window_s).cache()
+            percentiles = demand.demand_percentiles(intervals, pid_windows, QUANTILES).orderBy("kind", "user", "client_id").toPandas()
+            throttled = demand.throttling(intervals).orderBy(F.desc("throttle_time_ms"), "user", "client_id").toPandas()
+            talkers = demand.top_talkers(intervals, opts.top).toPandas()
+            result.files["demand"] = _csv(percentiles, out / "demand.csv")
+            result.files["throttling"] = _csv(throttled, out / "throttling.csv")
+            result.files["top_talkers"] = _csv(talkers, out / "top_talkers.csv")
+
+        with progress.step(f"recommending quotas (admit {opts.share:g} of demand, {opts.headroom:.0%} headroom)"):
+            recommended = recommendations(intervals, pid_windows, opts.share, opts.headroom) \
+                .orderBy("user", "client_id", "kind").toPandas()
+            result.files["recommended"] = _csv(recommended, out / "recommended.csv")
+            entries, notes = quota_entries(recommended.to_dict("records"))
+            text = quotas_yaml(entries, notes, opts.share, opts.headroom, base, (stats.lo, stats.hi))
+            path = out / "recommended-quotas.yaml"
+            path.write_text(text, encoding="utf-8")
+            try:
+                load_config(path)  # what the proxy would say about it
+            except ConfigError as exc:
+                raise RuntimeError(f"the recommended configuration does not load: {exc}") from exc
+            result.files["recommended_quotas"] = path
+
+        with progress.step(f"replaying {'the candidate ' + str(opts.candidate) if opts.candidate else 'the recommended quotas'}"):
+            replayed = replay(usage, candidate_text or text, opts.max_events) \
+                .orderBy("proxy", "user", "client_id", "kind").toPandas()
+            result.files["replay"] = _csv(replayed, out / "replay.csv")
+
+        with progress.step("charts"):
+            columns = [c for c, _, _ in CHARTS]
+            series = demand.timeline(intervals, columns, keep=6, max_points=400)
+            charts = []
+            for column, title, unit in CHARTS:
+                path = out / "charts" / f"{column}.png"
+                if stacked_chart(series.get(column), title, unit, path, series.get("span")):
+                    charts.append(path)
+            hot = throttled[throttled["throttle_time_ms"] > 0].head(15)
+            path = out / "charts" / "throttled_principals.png"
+            if bar_chart([f"{u} / {c}" for u, c in zip(hot["user"], hot["client_id"])],
+                         list(hot["throttle_time_ratio"]), "Throttle time per second of activity",
+                         "throttled seconds per active second", path):
+                charts.append(path)
+
+    with progress.step("writing the HTML report"):
+        summary = [
+            f"{stats.rows:,} usage rows, {stats.principals:,} principals, {stats.lo:%Y-%m-%d %H:%M} to "
+            f"{stats.hi:%Y-%m-%d %H:%M} UTC",
+            f"Recommendation: admit {opts.share:g} of each principal's demand, plus {opts.headroom:.0%} headroom",
+            f"Replay of {opts.candidate or 'the recommended quotas'}: open loop (clients assumed to send what they sent)",
+        ]
+        result.files["html"] = write_report(
+            out, title="kafka-quota-proxy usage report", summary=summary,
+            headlines=headlines(percentiles, throttled), charts=charts,
+            tables=[("Throttled and rejected, per principal", "throttling.csv", throttled),
+                    ("Top talkers (bytes)", "top_talkers.csv", talkers),
+                    ("Demand per principal and quota kind (per-second rates; producer_ids_rate per window)",
+                     "demand.csv", percentiles),
+                    ("Recommended quota per principal and kind", "recommended.csv", recommended),
+                    ("What-if replay", "replay.csv", replayed[replayed["kind"] == "(any)"])],
+            recommended_yaml=text)
+    result.seconds = progress.seconds
+    return result
+
+
+def headlines(percentiles, throttled) -> list[str]:
+    """One line per quota kind naming the principal with the largest share of its demand (when
+    that share is large), and the most throttled principal."""
+    lines = []
+    for kind, group in percentiles.groupby("kind", sort=True):
+        total = group["total"].sum()
+        if total <= 0 or len(group) < 2:
+            continue
+        top = group.sort_values("total", ascending=False).iloc[0]
+        share = top["total"] / total
+        if share >= 0.5:
+            who = f"{top['user']} / {top['client_id']}" if top["client_id"] else top["user"]
+            lines.append(f"{kind}: {who} is {share:.0%} of all demand (p99 {top['p99']:,.1f}, max {top['max']:,.1f})")
+    worst = throttled[throttled["throttle_time_ms"] > 0].head(1)
+    for _, row in worst.iterrows():
+        lines.append(f"most throttled: {row['user']} / {row['client_id']}, {row['throttled']:,} of "
+                     f"{row['requests']:,} requests throttled, {row['rejected']:,} rejected, "
+                     f"{row['throttle_time_ms'] / 1000:,.1f} s of throttle")
+    return lines or ["no principal stands out"]
+
+
+def _csv(pdf, path: Path) -> Path:
+    pdf.to_csv(path, index=False)
+    return path
+
+
+def _read(path: Path, flag: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"{flag} {path}: cannot read: {exc.strerror}") from exc
+
+
+def _load_yaml(path: Path, flag: str) -> dict:
+    try:
+        data = yaml.safe_load(_read(path, flag))
+    except yaml.YAMLError as exc:
+        raise UsageError(f"{flag} {path}: not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise UsageError(f"{flag} {path}: must be a configuration mapping")
+    return data
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--usage", required=True, help="usage log directory (usage_log.directory; any Spark path)")
+    p.add_argument("--out", required=True, type=Path, help="where the report goes (created)")
+    p.add_argument("--master", default="local[*]", help="Spark master URL (default local[*])")
+    p.add_argument("--since", help="first interval to include, ISO 8601 (UTC unless an offset is given)")
+    p.add_argument("--until", help="end of the time range (exclusive), ISO 8601")
+    p.add_argument("--share", type=float, default=0.99, help="share of demand a recommended quota admits (0.99)")
+    p.add_argument("--headroom", type=float, default=0.2, help="added on top of the recommendation (0.2 = 20%%)")
+    p.add_argument("--config", type=Path, help="your proxy configuration: carried into the recommended file")
+    p.add_argument("--candidate", type=Path, help="configuration to replay (default: the recommendation)")
+    p.add_argument("--top", type=int, default=10, help="top talkers listed (10)")
+    p.add_argument("--max-events", type=int, default=10, help="replay events per usage row (10)")
+    p.add_argument("--shuffle-partitions", type=int, help="spark.sql.shuffle.partitions")
+    p.add_argument("--driver-memory", help="spark.driver.memory, e.g. 4g (local mode: all the memory Spark gets)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+
+
+def main(args: argparse.Namespace) -> int:
+    import importlib.util
+
+    if importlib.util.find_spec("pyspark") is None:
+        print("report needs PySpark: pip install 'kafka-quota-proxy[pipeline]' (and Java 17)", file=sys.stderr)
+        return 2
+    opts = Options(**{k: v for k, v in vars(args).items() if k in Options.__dataclass_fields__})
+    try:
+        result = run_report(opts)
+    except UsageError as exc:
+        print(f"report: {exc}", file=sys.stderr)
+        return 2
+    print(f"read {result.rows:,} usage rows")
+    for name, path in result.files.items():
+        print(f"{name:>18}: {path}")
+    return 0

@@ -1,0 +1,155 @@
+"""The Spark session and the usage log as a DataFrame, checked before anything is computed."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import tempfile
+import zipfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+from proxy.usage_log import COLUMNS, SCHEMA_VERSION
+
+from .errors import UsageError
+
+_PACKAGES = ("config", "quotas", "pipeline", "proxy", "protocol")
+
+
+def spark_session(master: str = "local[*]", app_name: str = "kafka-quota-proxy report",
+                  shuffle_partitions: int | None = None, driver_memory: str | None = None, ui: bool = False):
+    """A session on ``master``. Locally the workers run this interpreter; on a cluster the
+    project's packages are shipped to the executors (their Python needs pandas and pyarrow)."""
+    from pyspark.sql import SparkSession
+
+    local = master.startswith("local")
+    if local:
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    builder = (
+        SparkSession.builder.master(master).appName(app_name)
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.ui.showConsoleProgress", "true")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.sql.adaptive.enabled", "true")
+    )
+    if local:
+        # Everything stays on this machine: bind to loopback, and no web UI unless asked for.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        builder = (builder.config("spark.driver.host", "127.0.0.1")
+                   .config("spark.driver.bindAddress", "127.0.0.1")
+                   .config("spark.ui.enabled", "true" if ui else "false"))
+    if shuffle_partitions or local:
+        builder = builder.config("spark.sql.shuffle.partitions", str(shuffle_partitions or 2 * (os.cpu_count() or 2)))
+    if driver_memory:
+        builder = builder.config("spark.driver.memory", driver_memory)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    if not local:
+        spark.sparkContext.addPyFile(str(_project_zip()))
+    return spark
+
+
+def _project_zip() -> Path:
+    root = Path(__file__).resolve().parents[1]
+    out = Path(tempfile.mkdtemp(prefix="kqp-pyfiles-")) / "kafka_quota_proxy.zip"
+    with zipfile.ZipFile(out, "w") as z:
+        for package in _PACKAGES:
+            for path in (root / package).rglob("*"):
+                if path.suffix in (".py", ".yaml"):
+                    z.write(path, path.relative_to(root))
+    return out
+
+
+def spark_schema():
+    from pyspark.sql import types as T
+
+    types = {
+        "int16": T.ShortType(), "int32": T.IntegerType(), "int64": T.LongType(), "float64": T.DoubleType(),
+        "string": T.StringType(), "timestamp[ms, UTC]": T.TimestampType(),
+    }
+    return T.StructType([T.StructField(name, types[t], True) for name, t, _ in COLUMNS])
+
+
+def _is_local(path: str) -> bool:
+    return "://" not in path or path.startswith("file://")
+
+
+def _local_files(directory: str) -> list[Path]:
+    root = Path(directory.removeprefix("file://"))
+    if not root.is_dir():
+        raise UsageError(f"usage directory {directory} does not exist or is not a directory")
+    files = [p for p in root.rglob("*.parquet") if not any(part.startswith((".", "_")) for part in p.relative_to(root).parts)]
+    if not files:
+        raise UsageError(f"no usage log files (*.parquet) under {directory}: is usage_log.directory right, "
+                         "and has the proxy run for one interval?")
+    return files
+
+
+def read_usage(spark, directory: str, since: datetime | None = None, until: datetime | None = None):
+    """The usage log under ``directory`` (files of every proxy), rows in [since, until).
+
+    Raises UsageError naming the file when a file is not readable Parquet, lacks the schema's
+    columns, or carries another schema version; and when nothing is left to report on.
+    """
+    from pyspark.sql import functions as F
+
+    if _is_local(directory):
+        _local_files(directory)
+    # Every file below, whatever the layout (date=/hour= from the proxy, or compacted elsewhere).
+    reader = (spark.read.schema(spark_schema()).option("pathGlobFilter", "*.parquet")
+              .option("recursiveFileLookup", "true"))
+    df = reader.parquet(directory).select(*[name for name, _, _ in COLUMNS])
+    with spark_errors():
+        bad = (df.where(F.col("schema_version").isNull() | (F.col("schema_version") != SCHEMA_VERSION))
+                 .select(F.input_file_name().alias("file"), F.col("schema_version")).distinct().limit(5).collect())
+    if bad:
+        listed = "; ".join(f"{r.file} (schema_version {r.schema_version if r.schema_version is not None else 'missing'})"
+                           for r in bad)
+        raise UsageError(f"usage log files of an unknown schema version (this report reads version "
+                         f"{SCHEMA_VERSION}): {listed}")
+    if since is not None:
+        df = df.where(F.col("interval_start") >= F.lit(since))
+    if until is not None:
+        df = df.where(F.col("interval_start") < F.lit(until))
+    return df
+
+
+class spark_errors:
+    """Turns Spark's read failures into a UsageError naming the file."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc is None or isinstance(exc, UsageError):
+            return False
+        text = str(exc)
+        if exc_type.__name__ not in ("Py4JJavaError", "SparkException") and "pyspark" not in exc_type.__module__:
+            return False
+        file = re.search(r"((?:file:|hdfs:|s3a?:|gs:|abfss?:)?/[^\s,'\"]+\.parquet)", text)
+        reason = _reason(text)
+        where = f" {file.group(1)}" if file else ""
+        raise UsageError(f"cannot read usage log file{where}: {reason}") from exc
+
+
+def _reason(text: str) -> str:
+    for pattern, reason in (
+        (r"not a Parquet file|magic number|Expected \d+ bytes|EOFException|Could not read footer|corrupt",
+         "not a complete Parquet file (half written or damaged)"),
+        (r"cannot be converted|Parquet column|schema", "its columns do not match the usage log schema"),
+    ):
+        if re.search(pattern, text, re.IGNORECASE):
+            return reason
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "unknown error")
+    return first[:300]
+
+
+def parse_time(value: str) -> datetime:
+    """ISO 8601 date or date-time; UTC unless an offset is given."""
+    try:
+        t = datetime.fromisoformat(value)
+    except ValueError as exc:
+        raise UsageError(f"not an ISO 8601 time: {value!r} (e.g. 2026-11-21 or 2026-11-21T13:00)") from exc
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
