@@ -10,10 +10,10 @@ VPY    := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 APT_GET := DEBIAN_FRONTEND=noninteractive apt-get
 
-.PHONY: venv install kcat test demo bench clean
+.PHONY: venv install kcat java test demo bench clean
 
 install: venv
-venv: $(STAMP) kcat
+venv: $(STAMP) kcat java
 
 $(VPY):
 	@if ! $(PYTHON) -c 'import ensurepip, venv' >/dev/null 2>&1; then \
@@ -39,6 +39,17 @@ kcat:
 	  else \
 	    echo "kcat is not installed and this is not root: run 'sudo apt-get install kcat'" \
 	         "(the kcat integration test fails without it)" >&2; \
+	  fi; \
+	fi
+
+# Java 17 runs Spark for `kafka-quota-proxy report` and its tests (Debian: openjdk-17-jre-headless).
+java:
+	@if ! command -v java >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    $(APT_GET) update && $(APT_GET) install -y --no-install-recommends openjdk-17-jre-headless; \
+	  else \
+	    echo "java is not installed and this is not root: run 'sudo apt-get install openjdk-17-jre-headless'" \
+	         "(report and the pipeline tests need it)" >&2; \
 	  fi; \
 	fi
 

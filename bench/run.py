@@ -11,6 +11,8 @@ Configurations (each gets a fresh Tansu broker, so runs do not influence each ot
   tansu-proxy        Tansu's Rust proxy, ``tansu proxy``
   proxy-with-quotas  this project with quotas on every client, set so high they never throttle
                      (byte, request, mutation, record and batch rates, and producer ids)
+  proxy-usage-log    this project, no quotas, with the usage log on (one Parquet file a second
+                     into the run's workdir; Fetch responses' records counted)
 
 The benchmark client is this process; broker, pump and proxies are subprocesses.
 Results go to bench/results/latest.json (and are printed).
@@ -35,7 +37,7 @@ from pathlib import Path
 from . import clients
 from .procs import Launcher, Proc, cpu_seconds, raise_nofile, rss_kib, system_busy_seconds, tansu_binary
 
-CONFIGS = ("direct", "byte-pump", "kafka-quota-proxy", "tansu-proxy", "proxy-with-quotas")
+CONFIGS = ("direct", "byte-pump", "kafka-quota-proxy", "tansu-proxy", "proxy-with-quotas", "proxy-usage-log")
 # Every client of the benchmark falls under these quotas, set far above what it can reach, so
 # each request pays for the quota decisions without ever being throttled.
 QUOTAS_NOT_EXCEEDED = (
@@ -53,6 +55,17 @@ QUOTAS_NOT_EXCEEDED = (
     "    producer_ids_rate: 1000000\n"
 )
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def usage_log_yaml(directory: Path) -> str:
+    """The usage log on, every second (so files are written during each run), with the
+    default count_fetch_records: true."""
+    return (
+        "usage_log:\n"
+        f"  directory: {json.dumps(str(directory))}\n"
+        "  interval_seconds: 1\n"
+        "  proxy_name: bench\n"
+    )
 
 
 @dataclass(frozen=True)
@@ -90,6 +103,8 @@ def start_config(launcher: Launcher, name: str) -> tuple[tuple[str, int], Proc, 
         proxy = launcher.our_proxy(broker.address)
     elif name == "proxy-with-quotas":
         proxy = launcher.our_proxy(broker.address, name=name, extra_yaml=QUOTAS_NOT_EXCEEDED)
+    elif name == "proxy-usage-log":
+        proxy = launcher.our_proxy(broker.address, name=name, extra_yaml=usage_log_yaml(launcher.workdir / "usage"))
     elif name == "tansu-proxy":
         proxy = launcher.tansu_proxy(broker.address)
     else:
@@ -390,7 +405,8 @@ def _fmt(v) -> str:
 
 
 def derived(results: dict[str, dict]) -> dict:
-    """Proxy/pump and proxy/tansu-proxy throughput ratios; added-latency ratio."""
+    """Proxy/pump and proxy/tansu-proxy throughput ratios; quotas and usage log against their
+    baselines; added-latency ratio."""
     out: dict = {}
     direct, pump = results.get("direct", {}), results.get("byte-pump", {})
     proxy, tproxy = results.get("kafka-quota-proxy", {}), results.get("tansu-proxy", {})
@@ -404,6 +420,11 @@ def derived(results: dict[str, dict]) -> dict:
     for key in ("produce_100B", "produce_1KiB"):
         pq, pd = _get(quota, (key, "records_per_s")), _get(direct, (key, "records_per_s"))
         out[f"{key} proxy-with-quotas/direct"] = {"value": pq / pd if pq and pd else None, "target": ">= 0.85"}
+    usage = results.get("proxy-usage-log", {})
+    for key in ("produce_100B", "produce_1KiB", "consume_1KiB"):
+        on, off = _get(usage, (key, "records_per_s")), _get(proxy, (key, "records_per_s"))
+        label = key.replace("_", " ")
+        out[f"usage log on/off {label}"] = {"value": on / off if on and off else None, "target": None}
     for key, field in (("rtt_api_versions", "mid_cpu_us_per_request"), ("rtt_produce", "mid_cpu_us_per_request"),
                        ("produce_100B", "server_cpu_ns_per_record"), ("produce_1KiB", "server_cpu_ms_per_mb"),
                        ("consume_100B", "server_cpu_ns_per_record"), ("consume_1KiB", "server_cpu_ms_per_mb")):
