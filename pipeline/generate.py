@@ -59,7 +59,8 @@ def generate(out: str | Path, principals: int = 20, hours: float = 2.0, interval
         if not len(starts):
             continue
         for proxy in range(proxies):
-            cols = _hour(rng, starts, t0, total_s, interval_s, base_rate / proxies, record_size, producer, proxies)
+            cols = _hour(rng, starts, t0, total_s, interval_s, base_rate / proxies, record_size, producer,
+                         proxy, proxies)
             n = len(cols["user"])
             arrays = {
                 "schema_version": np.full(n, SCHEMA_VERSION, dtype=np.int16),
@@ -77,7 +78,7 @@ def generate(out: str | Path, principals: int = 20, hours: float = 2.0, interval
     return rows
 
 
-def _hour(rng, starts, t0, total_s, interval_s, base_rate, record_size, producer, proxies) -> dict:
+def _hour(rng, starts, t0, total_s, interval_s, base_rate, record_size, producer, proxy, proxies) -> dict:
     """The rows of one hour at one proxy, as column arrays."""
     p, k = len(base_rate), len(starts)
     # Steady tenants: one row per tenant and interval (Produce or Fetch).
@@ -103,7 +104,7 @@ def _hour(rng, starts, t0, total_s, interval_s, base_rate, record_size, producer
         "new_producer_ids": np.zeros(p * k, dtype=np.int64),
     }
     extra = [_noisy(starts, t0, total_s, interval_s, float(base_rate.max()) * 20),
-             _storm(starts, t0, total_s, interval_s, proxies), _restarts(starts, interval_s, proxies)]
+             _storm(starts, t0, total_s, interval_s, proxy, proxies), _restarts(starts, interval_s, proxies)]
     for more in extra:
         if more is not None:
             cols = {c: np.concatenate([cols[c], more[c]]) for c in cols}
@@ -139,14 +140,16 @@ def _noisy(starts, t0, total_s, interval_s, rate):
     return _rows(on, *NOISY, PRODUCE, 10 * interval_s, nbytes, 60 * interval_s, records, max(records // 50, 1))
 
 
-def _storm(starts, t0, total_s, interval_s, proxies):
+def _storm(starts, t0, total_s, interval_s, proxy, proxies):
     begin = t0 + total_s // 4
     on = starts[(starts >= begin) & (starts < begin + STORM_SECONDS)]
     if not len(on):
         return None
-    per_interval = STORM_TOPICS * interval_s // STORM_SECONDS // proxies  # topics per interval
-    return _rows(on, *STORM, CREATE_TOPICS, per_interval, per_interval * 80, per_interval * 40,
-                 mutations=per_interval * STORM_PARTITIONS)
+    # 5,000 topics in all, split as evenly as whole numbers allow over the storm's intervals.
+    slots = -(-STORM_SECONDS // interval_s) * proxies
+    j = (on - begin) // interval_s * proxies + proxy
+    topics = STORM_TOPICS // slots + (j < STORM_TOPICS % slots)
+    return _rows(on, *STORM, CREATE_TOPICS, topics, topics * 80, topics * 40, mutations=topics * STORM_PARTITIONS)
 
 
 def _restarts(starts, interval_s, proxies):

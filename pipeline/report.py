@@ -195,7 +195,7 @@ def headlines(percentiles, throttled) -> list[str]:
     lines = []
     for kind, group in percentiles.groupby("kind", sort=True):
         total = group["total"].sum()
-        if total <= 0 or len(group) < 2:
+        if total <= 0:
             continue
         top = group.sort_values("total", ascending=False).iloc[0]
         share = top["total"] / total
