@@ -20,10 +20,11 @@ def interval_demand(usage):
 
     aggs = []
     for kind, d in DEMAND.items():
-        c = F.col(d.column)
+        c, n = F.col(d.column), F.col("requests")
         if d.api_keys is not None:
-            c = F.when(F.col("api_key").isin(*sorted(d.api_keys)), c).otherwise(F.lit(0))
-        aggs.append(F.sum(c).alias(kind))
+            on = F.col("api_key").isin(*sorted(d.api_keys))
+            c, n = F.when(on, c).otherwise(F.lit(0)), F.when(on, n).otherwise(F.lit(0))
+        aggs += [F.sum(c).alias(kind), F.sum(n).alias(f"{kind}__requests")]
     aggs += [
         F.sum("new_producer_ids").alias("new_producer_ids"),
         F.sum(F.col("request_bytes") + F.col("response_bytes")).alias("bytes"),
@@ -35,12 +36,13 @@ def interval_demand(usage):
 
 
 def _long(intervals):
-    """(proxy, user, client_id, interval_start, interval_seconds, kind, amount, rate), amount > 0."""
+    """(proxy, user, client_id, interval_start, interval_seconds, kind, amount, requests, rate)
+    with amount > 0; ``requests`` are those of the APIs the kind charges."""
     from pyspark.sql import functions as F
 
-    pairs = ", ".join(f"'{k}', CAST(`{k}` AS DOUBLE)" for k in RATE_KINDS)
+    triples = ", ".join(f"'{k}', CAST(`{k}` AS DOUBLE), CAST(`{k}__requests` AS DOUBLE)" for k in RATE_KINDS)
     return (intervals.select("proxy", *PRINCIPAL, "interval_start", "interval_seconds",
-                             F.expr(f"stack({len(RATE_KINDS)}, {pairs}) AS (kind, amount)"))
+                             F.expr(f"stack({len(RATE_KINDS)}, {triples}) AS (kind, amount, requests)"))
             .where(F.col("amount") > 0)
             .withColumn("rate", F.col("amount") / F.col("interval_seconds")))
 

@@ -5,6 +5,13 @@ admitted a chosen share of its observed demand unthrottled, plus headroom; writt
 "Admitted" is by volume: a bound q admits min(demand, q × seconds) of each interval's demand,
 so q admits share s when Σ min(rate_i, q)·t_i ≥ s · Σ rate_i·t_i. Demand within an interval is
 taken as even (the log keeps sums per interval), so bursts shorter than an interval are not seen.
+
+A rate quota is measured over (quota_window_num − 1) × quota_window_size_seconds (Kafka's
+``Rate`` over its samples, 10 s by default), and requests arrive whole: a bound within one
+request's worth per measurement window of the average throttles evenly spaced requests whenever
+one more of them falls inside the window. So rate kinds get that much on top: the principal's
+mean amount per request divided by the measurement window. (controller_mutation_rate's token
+bucket holds a burst of quota × samples × window and needs no such allowance.)
 """
 
 from __future__ import annotations
@@ -16,11 +23,13 @@ import numpy as np
 import yaml
 
 from proxy.principal import ANONYMOUS
+from quotas.common import RATE_KINDS as WINDOWED_RATE_KINDS
 
 from .demand import OTHER, PRINCIPAL, _long
 from .kinds import ALL_KINDS, PER_WINDOW
 
-RECOMMENDED_SCHEMA = "user string, client_id string, kind string, admitting double, recommended double"
+RECOMMENDED_SCHEMA = ("user string, client_id string, kind string, admitting double, per_request double, "
+                      "recommended double")
 
 
 def admitting(rates: np.ndarray, seconds: np.ndarray, share: float) -> float:
@@ -45,29 +54,34 @@ def recommended_value(admitting_q: float, headroom: float) -> float:
     return float(max(1, math.ceil(admitting_q * (1 + headroom) - 1e-9)))
 
 
-def recommendations(intervals, pid_windows, share: float, headroom: float):
-    """(user, client_id, kind, admitting, recommended) for every principal and kind with demand;
-    producer_ids_rate per user (client_id ""). The (other) overflow row gets none."""
+def recommendations(intervals, pid_windows, share: float, headroom: float, measured_over_s: float = 10.0):
+    """(user, client_id, kind, admitting, per_request, recommended) for every principal and
+    kind with demand; producer_ids_rate per user (client_id ""). ``per_request``: the allowance
+    for whole requests (mean amount per request / ``measured_over_s``; 0 for token buckets and
+    per-window kinds). The (other) overflow row gets none."""
     from pyspark.sql import functions as F
 
     def per_group(pdf):
-        q = admitting(pdf["rate"].to_numpy(), pdf["interval_seconds"].to_numpy(), share)
-        return _row(pdf, q)
-
-    def _row(pdf, q):
         import pandas as pd
 
+        q = admitting(pdf["rate"].to_numpy(), pdf["interval_seconds"].to_numpy(), share)
+        kind = pdf["kind"].iloc[0]
+        requests = float(pdf["requests"].sum())
+        allowance = 0.0
+        if kind in WINDOWED_RATE_KINDS and requests > 0:
+            allowance = float(pdf["amount"].sum()) / requests / measured_over_s
         return pd.DataFrame({"user": [pdf["user"].iloc[0]], "client_id": [pdf["client_id"].iloc[0]],
-                             "kind": [pdf["kind"].iloc[0]], "admitting": [q],
-                             "recommended": [recommended_value(q, headroom)]})
+                             "kind": [kind], "admitting": [q], "per_request": [allowance],
+                             "recommended": [recommended_value(q + allowance, headroom)]})
 
     rates = (_long(intervals).where(F.col("user") != OTHER)
-             .select(*PRINCIPAL, "kind", "rate", "interval_seconds")
+             .select(*PRINCIPAL, "kind", "rate", "interval_seconds", "amount", "requests")
              .groupBy(*PRINCIPAL, "kind").applyInPandas(per_group, RECOMMENDED_SCHEMA))
     (pid_kind,) = PER_WINDOW
     pids = (pid_windows.where(F.col("user") != OTHER)
             .select("user", F.lit("").alias("client_id"), F.lit(pid_kind).alias("kind"),
-                    F.col("amount").alias("rate"), F.lit(1.0).alias("interval_seconds"))
+                    F.col("amount").alias("rate"), F.lit(1.0).alias("interval_seconds"),
+                    F.col("amount"), F.lit(0.0).alias("requests"))
             .groupBy("user").applyInPandas(per_group, RECOMMENDED_SCHEMA))
     return rates.unionByName(pids)
 

@@ -43,6 +43,7 @@ class Options:
 class Outputs:
     files: dict[str, Path] = field(default_factory=dict)
     rows: int = 0
+    headlines: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
 
 
@@ -88,12 +89,15 @@ def run_report(opts: Options, spark=None) -> Outputs:
     from .spark import parse_time, read_usage, spark_errors, spark_session
 
     base = _load_yaml(opts.config, "--config") if opts.config else None
-    window_s = 3600.0
+    window_s, measured_over_s = 3600.0, 10.0  # Kafka's defaults
     if opts.config:
         try:
-            window_s = load_config(opts.config).producer_id_quota.producer_id_quota_window_size_seconds
+            base_config = load_config(opts.config)
         except ConfigError as exc:
             raise UsageError(f"--config {opts.config}: {exc}") from exc
+        window_s = base_config.producer_id_quota.producer_id_quota_window_size_seconds
+        w = base_config.quota_windows
+        measured_over_s = max(w.quota_window_num - 1, 1) * w.quota_window_size_seconds
     candidate_text = None
     if opts.candidate:
         candidate_text = _read(opts.candidate, "--candidate")
@@ -135,7 +139,7 @@ def run_report(opts: Options, spark=None) -> Outputs:
             result.files["top_talkers"] = _csv(talkers, out / "top_talkers.csv")
 
         with progress.step(f"recommending quotas (admit {opts.share:g} of demand, {opts.headroom:.0%} headroom)"):
-            recommended = recommendations(intervals, pid_windows, opts.share, opts.headroom) \
+            recommended = recommendations(intervals, pid_windows, opts.share, opts.headroom, measured_over_s) \
                 .orderBy("user", "client_id", "kind").toPandas()
             result.files["recommended"] = _csv(recommended, out / "recommended.csv")
             entries, notes = quota_entries(recommended.to_dict("records"))
@@ -168,6 +172,7 @@ def run_report(opts: Options, spark=None) -> Outputs:
                          "throttled seconds per active second", path):
                 charts.append(path)
 
+    result.headlines = headlines(percentiles, throttled)
     with progress.step("writing the HTML report"):
         summary = [
             f"{stats.rows:,} usage rows, {stats.principals:,} principals, {stats.lo:%Y-%m-%d %H:%M} to "
@@ -177,7 +182,7 @@ def run_report(opts: Options, spark=None) -> Outputs:
         ]
         result.files["html"] = write_report(
             out, title="kafka-quota-proxy usage report", summary=summary,
-            headlines=headlines(percentiles, throttled), charts=charts,
+            headlines=result.headlines, charts=charts,
             tables=[("Throttled and rejected, per principal", "throttling.csv", throttled),
                     ("Top talkers (bytes)", "top_talkers.csv", talkers),
                     ("Demand per principal and quota kind (per-second rates; producer_ids_rate per window)",

@@ -28,6 +28,8 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("file")
     demo = sub.add_parser("demo", help="start a local broker with the proxy in front and use it")
     demo.add_argument("--duration", type=float, default=None, help="seconds to keep running (default: until Ctrl-C)")
+    demo.add_argument("--no-report", dest="report", action="store_false",
+                      help="skip the PySpark report on generated usage (saves about a minute)")
     from pipeline import generate, report
 
     report.add_arguments(sub.add_parser(
@@ -62,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "demo":
         from .demo import run_demo
 
-        return _run(run_demo(args.duration))
+        return _run(run_demo(args.duration, args.report))
     try:
         config = load_config(args.config)
     except ConfigError as exc:

@@ -1,17 +1,23 @@
 """``kafka-quota-proxy demo``: a local broker with the proxy in front, used for real.
 
-Starts Tansu on loopback, the proxy in front of it, creates a topic through the proxy,
-produces and consumes records with kafka-python, prints what happened and where to look,
-and keeps both running until Ctrl-C (or ``--duration``).
+Starts Tansu on loopback, the proxy in front of it (usage log on), creates a topic through the
+proxy, produces and consumes records with kafka-python, shows a topic storm and a producer
+restart loop being held back, then turns generated multi-tenant usage into a report with the
+PySpark pipeline, prints what happened and where to look, and keeps broker and proxy running
+until Ctrl-C (or ``--duration``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import signal
+import sys
+import tempfile
 import time
 import urllib.request
+from pathlib import Path
 
 from config import parse_config
 from protocol.headers import response_body_offset
@@ -126,9 +132,39 @@ def _metric_lines(url: str, prefixes: tuple[str, ...]) -> list[str]:
     return [line for line in text.splitlines() if line.startswith(prefixes)]
 
 
-async def run_demo(duration_s: float | None) -> int:
+def _sample_report(workdir: Path) -> None:
+    """Generated usage of 20 tenants (with a noisy neighbour, a topic storm and a restart loop)
+    through ``kafka-quota-proxy report``."""
+    import importlib.util
+
+    from pipeline.generate import generate
+
+    sample = workdir / "sample-usage"
+    rows = generate(sample, principals=20, hours=2)
+    print(f"\ngenerated {rows:,} usage rows of 20 tenants over 2 hours in {sample}")
+    if importlib.util.find_spec("pyspark") is None or shutil.which("java") is None:
+        print("   (report skipped: it needs the pipeline extra and Java 17 — "
+              "pip install 'kafka-quota-proxy[pipeline]', apt-get install openjdk-17-jre-headless)")
+        return
+    from pipeline.errors import UsageError
+    from pipeline.report import Options, run_report
+
+    print("running the report on it with Spark (local[*]); progress below:")
+    try:
+        result = run_report(Options(usage=str(sample), out=workdir / "sample-report"))
+    except UsageError as exc:
+        print(f"   report failed: {exc}")
+        return
+    for line in result.headlines:
+        print(f"   {line}")
+    print(f"   report: {result.files['html']}")
+    print(f"   recommended quotas: {result.files['recommended_quotas']}")
+
+
+async def run_demo(duration_s: float | None, report: bool = True) -> int:
     broker = await asyncio.to_thread(LocalTansu().start)
     print(f"Tansu broker (pid {broker.pid}) on {broker.bootstrap}")
+    workdir = Path(tempfile.mkdtemp(prefix="kqp-demo-"))
     config = parse_config({
         "upstream": {"bootstrap_servers": [broker.bootstrap]},
         "listen": {"bootstrap_port": 0, "broker_port_base": 0},
@@ -140,6 +176,7 @@ async def run_demo(duration_s: float | None) -> int:
             {"user": "<default>", "producer_ids_rate": PRODUCER_IDS_PER_MINUTE},
         ],
         "producer_id_quota": {"producer_id_quota_window_size_seconds": 60},
+        "usage_log": {"directory": str(workdir / "usage"), "interval_seconds": 2, "proxy_name": "demo"},
     })
     server = ProxyServer(config)
     try:
@@ -173,6 +210,10 @@ async def run_demo(duration_s: float | None) -> int:
         print("proxy metrics after the round:")
         for line in lines:
             print("   ", line)
+        if report:
+            await asyncio.to_thread(_sample_report, workdir)
+        print(f"\nThe proxy's own usage log (every 2 s): {workdir / 'usage'}; a report on it:\n"
+              f"   {Path(sys.argv[0]).name} report --usage {workdir / 'usage'} --out {workdir / 'live-report'}")
         print(f"\nPoint any Kafka client at {bootstrap}. Metrics: {metrics_url}  Health: "
               f"{metrics_url.replace('/metrics', '/healthz')}")
         await _wait(duration_s)

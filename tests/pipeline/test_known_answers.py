@@ -119,12 +119,15 @@ def test_percentiles_are_nearest_rank(hand_report):
 def test_recommendations_match_hand_values(hand_report):
     rec = {(r["user"], r["client_id"], r["kind"]): float(r["recommended"])
            for r in _csv(hand_report.files["recommended"])}
-    assert rec[("alice", "app-a", "producer_byte_rate")] == 1176  # q = 980, × 1.2
-    assert rec[("alice", "app-a", "producer_record_rate")] == 118  # q = 98, × 1.2 = 117.6
-    assert rec[("alice", "app-a", "producer_batch_rate")] == 2  # 0.99 × 1.2 = 1.188
-    assert rec[("ANONYMOUS", "app-b", "consumer_byte_rate")] == 178  # q = 148, × 1.2 = 177.6
+    # Rate kinds: the volume-share bound plus one request's worth per 10-s measurement window.
+    assert rec[("alice", "app-a", "producer_byte_rate")] == 1224  # (980 + 400 B / 10 s) × 1.2
+    assert rec[("alice", "app-a", "producer_record_rate")] == 123  # (98 + 40 / 10) × 1.2 = 122.4
+    assert rec[("alice", "app-a", "producer_batch_rate")] == 2  # (0.99 + 0.1) × 1.2 = 1.31
+    assert rec[("ANONYMOUS", "app-b", "consumer_byte_rate")] == 190  # (148 + 100 / 10) × 1.2 = 189.6
+    assert rec[("ANONYMOUS", "app-b", "consumer_record_rate")] == 19  # (14.8 + 1) × 1.2 = 18.96
+    # The token bucket holds bursts: no per-request allowance.
     assert rec[("ops", "tf", "controller_mutation_rate")] == 5  # 3.96 × 1.2 = 4.75
-    assert rec[("ops", "tf", "request_rate")] == 1  # 0.2/s → at least 1
+    assert rec[("ops", "tf", "request_rate")] == 1  # (0.198 + 0.1) × 1.2 → at least 1
     assert rec[("flaky", "", "producer_ids_rate")] == 11  # 8.91 × 1.2 = 10.69
 
 
@@ -132,8 +135,8 @@ def test_recommended_yaml_loads_and_passes_check_config(hand_report, capsys):
     path = hand_report.files["recommended_quotas"]
     assert cli_main(["check-config", str(path)]) == 0
     quotas = {(r.user, r.client_id): dict(r.values) for r in load_config(path).quotas}
-    assert quotas[(None, "app-b")]["consumer_byte_rate"] == 178  # ANONYMOUS: a client-id quota
-    assert quotas[("alice", "app-a")]["producer_byte_rate"] == 1176
+    assert quotas[(None, "app-b")]["consumer_byte_rate"] == 190  # ANONYMOUS: a client-id quota
+    assert quotas[("alice", "app-a")]["producer_byte_rate"] == 1224
     assert quotas[("flaky", None)] == {PRODUCER_IDS_RATE: 11}
 
 
