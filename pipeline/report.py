@@ -53,23 +53,24 @@ class Progress:
         self.started = time.monotonic()
         self.seconds: dict[str, float] = {}
 
-    def step(self, what: str):
+    def step(self, key: str, what: str):
+        """Times a step; its seconds are kept under ``key``."""
         self.n += 1
         if not self.quiet:
             print(f"[{self.n}/{self.steps}] {what} …", file=sys.stderr, flush=True)
-        return _Timed(self, what)
+        return _Timed(self, key)
 
 
 class _Timed:
-    def __init__(self, progress: Progress, what: str) -> None:
-        self.progress, self.what = progress, what
+    def __init__(self, progress: Progress, key: str) -> None:
+        self.progress, self.key = progress, key
 
     def __enter__(self):
         self.t = time.monotonic()
 
     def __exit__(self, *exc):
         took = time.monotonic() - self.t
-        self.progress.seconds[self.what] = took
+        self.progress.seconds[self.key] = took
         if not self.progress.quiet and exc[0] is None:
             print(f"      done in {took:.1f} s", file=sys.stderr, flush=True)
 
@@ -113,13 +114,13 @@ def run_report(opts: Options, spark=None) -> Outputs:
     result = Outputs()
     progress = Progress(7, opts.quiet)
 
-    with progress.step("starting Spark"):
+    with progress.step("spark", "starting Spark"):
         spark = spark or spark_session(opts.master, shuffle_partitions=opts.shuffle_partitions,
                                        driver_memory=opts.driver_memory)
     from pyspark.sql import functions as F
 
     with spark_errors():
-        with progress.step(f"reading and checking the usage log in {opts.usage}"):
+        with progress.step("read", f"reading and checking the usage log in {opts.usage}"):
             usage = read_usage(spark, opts.usage, since, until)
             stats = usage.agg(F.count("*").alias("rows"), F.min("interval_start").alias("lo"),
                               F.max("interval_start").alias("hi"),
@@ -128,7 +129,7 @@ def run_report(opts: Options, spark=None) -> Outputs:
                 raise UsageError(f"no usage rows in {opts.usage}" + (" between --since and --until" if since or until else ""))
             result.rows = stats.rows
 
-        with progress.step("demand per principal and interval; percentiles, throttling, top talkers"):
+        with progress.step("demand", "demand per principal and interval; percentiles, throttling, top talkers"):
             intervals = demand.interval_demand(usage).cache()
             pid_windows = demand.producer_id_windows(usage, window_s).cache()
             percentiles = demand.demand_percentiles(intervals, pid_windows, QUANTILES).orderBy("kind", "user", "client_id").toPandas()
@@ -138,7 +139,7 @@ def run_report(opts: Options, spark=None) -> Outputs:
             result.files["throttling"] = _csv(throttled, out / "throttling.csv")
             result.files["top_talkers"] = _csv(talkers, out / "top_talkers.csv")
 
-        with progress.step(f"recommending quotas (admit {opts.share:g} of demand, {opts.headroom:.0%} headroom)"):
+        with progress.step("recommend", f"recommending quotas (admit {opts.share:g} of demand, {opts.headroom:.0%} headroom)"):
             recommended = recommendations(intervals, pid_windows, opts.share, opts.headroom, measured_over_s) \
                 .orderBy("user", "client_id", "kind").toPandas()
             result.files["recommended"] = _csv(recommended, out / "recommended.csv")
@@ -152,12 +153,12 @@ def run_report(opts: Options, spark=None) -> Outputs:
                 raise RuntimeError(f"the recommended configuration does not load: {exc}") from exc
             result.files["recommended_quotas"] = path
 
-        with progress.step(f"replaying {'the candidate ' + str(opts.candidate) if opts.candidate else 'the recommended quotas'}"):
+        with progress.step("replay", f"replaying {'the candidate ' + str(opts.candidate) if opts.candidate else 'the recommended quotas'}"):
             replayed = replay(usage, candidate_text or text, opts.max_events) \
                 .orderBy("proxy", "user", "client_id", "kind").toPandas()
             result.files["replay"] = _csv(replayed, out / "replay.csv")
 
-        with progress.step("charts"):
+        with progress.step("charts", "charts"):
             columns = [c for c, _, _ in CHARTS]
             series = demand.timeline(intervals, columns, keep=6, max_points=400)
             charts = []
@@ -173,7 +174,7 @@ def run_report(opts: Options, spark=None) -> Outputs:
                 charts.append(path)
 
     result.headlines = headlines(percentiles, throttled)
-    with progress.step("writing the HTML report"):
+    with progress.step("html", "writing the HTML report"):
         summary = [
             f"{stats.rows:,} usage rows, {stats.principals:,} principals, {stats.lo:%Y-%m-%d %H:%M} to "
             f"{stats.hi:%Y-%m-%d %H:%M} UTC",

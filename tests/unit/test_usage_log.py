@@ -351,24 +351,30 @@ def test_flush_writes_the_intervals_that_ended(tmp_path):
     assert hidden_files(tmp_path) == []
 
 
+def _fail_first_write(usage, written: list[int] | None = None) -> None:
+    """The writer's first write raises an I/O error; later ones write (and are noted in ``written``)."""
+    real = usage.writer.write
+    calls = {"n": 0}
+
+    def fails_once(interval):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise OSError(5, "Input/output error")
+        path = real(interval)
+        if written is not None:
+            written.append(interval.start_s)
+        return path
+
+    usage.writer.write = fails_once
+
+
 def test_write_failure_is_counted_and_retried_in_order_at_the_next_flush(tmp_path):
     clock = Clock(T0)
     written: list[int] = []
 
     async def scenario():
         usage = _log(tmp_path, clock)
-        real = usage.writer.write
-        calls = {"n": 0}
-
-        def fails_once(interval):
-            calls["n"] += 1
-            if calls["n"] == 1:
-                raise OSError(5, "Input/output error")
-            path = real(interval)
-            written.append(interval.start_s)
-            return path
-
-        usage.writer.write = fails_once
+        _fail_first_write(usage, written)
         for k in range(3):
             clock.now = T0 + 10 * k + 1
             usage.add("u", "c", PRODUCE, request_bytes=k + 1)
@@ -497,16 +503,7 @@ def test_close_writes_the_partial_interval_and_what_was_pending(tmp_path):
 
     async def scenario():
         usage = _log(tmp_path, clock)
-        real = usage.writer.write
-        calls = {"n": 0}
-
-        def fails_once(interval):
-            calls["n"] += 1
-            if calls["n"] == 1:
-                raise OSError(5, "Input/output error")
-            return real(interval)
-
-        usage.writer.write = fails_once
+        _fail_first_write(usage)
         usage.add("u", "c", PRODUCE, request_bytes=1)
         await usage.flush(T0 + 10)  # fails: pending
         clock.now = T0 + 12
