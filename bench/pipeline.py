@@ -2,6 +2,7 @@
 
     python -m bench.pipeline                       # 1,000 principals, 1 / 3 / 6 hours at 10 s
     python -m bench.pipeline --hours 1,24 --master local[2]
+    python -m bench.pipeline --no-replay --out bench/results/pipeline-no-replay.json
 
 Each size is generated once (pipeline.generate: 1,000 steady tenants plus a noisy neighbour, a
 topic storm and a restart loop, one row per tenant per 10-s interval, as a month of 1,000
@@ -35,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--master", default="local[*]")
     p.add_argument("--driver-memory", default="6g")
     p.add_argument("--max-events", type=int, default=10, help="replay events per usage row")
+    p.add_argument("--no-replay", dest="replay", action="store_false", help="time everything but the replay")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
 
@@ -49,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
             generated_s = time.perf_counter() - t
             t = time.perf_counter()
             result = run_report(Options(usage=str(usage), out=work / f"report-{hours:g}h", quiet=True,
-                                        max_events=args.max_events), spark)
+                                        max_events=args.max_events, replay=args.replay), spark)
             total_s = time.perf_counter() - t
             steps = {k: round(v, 2) for k, v in result.seconds.items()}
             runs.append({"hours": hours, "rows": rows, "generate_s": round(generated_s, 2),
@@ -74,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
               f"a month of {args.principals:,} principals ({MONTH_ROWS * args.principals // 1000:,} rows) "
               f"at that rate: {MONTH_ROWS * args.principals / 1000 / marginal / 3600:.1f} h on this machine")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"runs": runs, "master": args.master, "cpus": os.cpu_count(),
+    args.out.write_text(json.dumps({"runs": runs, "master": args.master, "replay": args.replay, "cpus": os.cpu_count(),
                                     "python": platform.python_version()}, indent=2))
     print(f"results: {args.out}")
     return 0

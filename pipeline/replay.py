@@ -50,102 +50,140 @@ def candidate(config_yaml: str):
     return parse_config(yaml.safe_load(config_yaml))
 
 
-def _split(amount: int, n: int, k: int) -> int:
-    """Event k's share of ``amount`` split into ``n`` integer parts (the first ones larger)."""
-    base, extra = divmod(int(amount), n)
-    return base + (1 if k < extra else 0)
+_AMOUNTS = ("requests", "request_bytes", "response_bytes", "records", "batches", "partition_mutations",
+            "new_producer_ids")
 
 
 def events(rows, max_events: int):
-    """(time_ms, order, client_id, api_key, requests, request_bytes, response_bytes, records,
-    batches, mutations, new_producer_ids) for every event of ``rows``, in time order."""
-    out = []
-    for i, r in enumerate(rows):
-        start_ms = int(r["interval_start"])
-        span_ms = int(r["interval_seconds"]) * 1000
-        requests = int(r["requests"])
-        n = max(1, min(requests, max_events))
-        amounts = [int(r[c]) for c in ("requests", "request_bytes", "response_bytes", "records", "batches",
-                                         "partition_mutations", "new_producer_ids")]
-        for k in range(n):
-            t = start_ms + (2 * k + 1) * span_ms // (2 * n)
-            out.append((t, i, r["client_id"], int(r["api_key"]), *(_split(a, n, k) for a in amounts)))
-    out.sort(key=lambda e: (e[0], e[1]))
+    """The events of ``rows`` (a pandas DataFrame with ``REPLAY_COLUMNS``; interval_start in epoch
+    ms) in time order: (row index, time ms, and each of ``_AMOUNTS`` as this event's share).
+
+    A row with n requests becomes min(n, max_events) events (at least one) at the middles of
+    equal slices of its interval; each amount is split in whole parts, the first ones larger.
+    """
+    import numpy as np
+
+    n = np.clip(rows["requests"].to_numpy(np.int64), 1, max_events)
+    row = np.repeat(np.arange(len(n)), n)
+    k = np.arange(len(row)) - np.repeat(np.cumsum(n) - n, n)
+    per = n[row]
+    span_ms = rows["interval_seconds"].to_numpy(np.int64)[row] * 1000
+    t = rows["interval_start"].to_numpy(np.int64)[row] + (2 * k + 1) * span_ms // (2 * per)
+    shares = []
+    for column in _AMOUNTS:
+        amount = rows[column].to_numpy(np.int64)[row]
+        shares.append(amount // per + (k < amount % per))
+    order = np.lexsort((row, t))
+    return row[order], t[order], [a[order] for a in shares]
+
+
+_CHARGES = {  # kind → (usage column, APIs it is charged on; None: every API)
+    REQUEST_RATE: ("requests", None),
+    PRODUCER_BYTE_RATE: ("request_bytes", {PRODUCE}),
+    PRODUCER_IDS_RATE: ("new_producer_ids", {PRODUCE}),
+    PRODUCER_RECORD_RATE: ("records", {PRODUCE}),
+    PRODUCER_BATCH_RATE: ("batches", {PRODUCE}),
+    CONSUMER_BYTE_RATE: ("response_bytes", {FETCH}),
+    CONSUMER_RECORD_RATE: ("records", {FETCH}),
+    CONTROLLER_MUTATION_RATE: ("partition_mutations", _MUTATING),
+}
+
+
+def _demand(rows) -> dict[tuple[str, str], list]:
+    """(client_id, kind) → [requests, demand] straight from the rows (quota or not)."""
+    out: dict[tuple[str, str], list] = {}
+    api = rows["api_key"]
+    for kind, (column, apis) in _CHARGES.items():
+        on = rows if apis is None else rows[api.isin(sorted(apis))]
+        on = on[on[column] > 0]
+        for client_id, g in on.groupby("client_id", sort=False):
+            out[(client_id, kind)] = [int(g["requests"].sum()), float(g[column].sum())]
+    for client_id, g in rows.groupby("client_id", sort=False):
+        out[(client_id, ANY)] = [int(g["requests"].sum()), float(g["requests"].sum())]
     return out
 
 
-class _Tally:
-    __slots__ = ("requests", "demand", "throttled", "throttle_ms", "rejected", "rejected_amount")
-
-    def __init__(self) -> None:
-        self.requests = self.throttled = self.rejected = 0
-        self.demand = self.throttle_ms = self.rejected_amount = 0.0
-
-
 def replay_user(proxy: str, user: str, rows, config, max_events: int = 10) -> list[tuple]:
-    """Replays one (proxy, user)'s usage rows (dicts with ``REPLAY_COLUMNS``; interval_start in
-    epoch ms) through fresh engines built from ``config``. Rows out match ``REPLAY_SCHEMA``."""
+    """Replays one (proxy, user)'s usage rows (a pandas DataFrame with ``REPLAY_COLUMNS``;
+    interval_start in epoch ms) through fresh engines built from ``config``. Rows out match
+    ``REPLAY_SCHEMA``: every (client id, kind) with demand, and (client id, "(any)")."""
     quotas = quota_manager_for(config)
     producer_ids = producer_id_manager_for(config)
-    tallies: dict[tuple[str, str], _Tally] = {}
+    demand = _demand(rows)
+    held: dict[tuple[str, str], list] = {key: [0, 0.0, 0, 0.0] for key in demand}
+    # Which quotas apply to each client id of this user (the engines answer ADMIT for the rest).
+    pid_rule = producer_ids.resolve(user) is not None
+    limited = {cid: {k for k in _CHARGES if k != PRODUCER_IDS_RATE and quotas.resolve(user, cid, k)}
+               for cid in rows["client_id"].unique()}
+    if any(limited.values()) or pid_rule:
+        _run_events(user, rows, quotas, producer_ids, limited, pid_rule, held, max_events)
+    return [(proxy, user, cid, kind, req, amount, *held[(cid, kind)])
+            for (cid, kind), (req, amount) in sorted(demand.items())]
+
+
+def _run_events(user, rows, quotas, producer_ids, limited, pid_rule, held, max_events) -> None:
+    """Charges every event in time order, in the proxy's filter order; adds to ``held``:
+    (client id, kind) → [throttled requests, throttle ms, rejected requests, rejected amount]."""
+    row, times, (reqs, req_bytes, resp_bytes, records, batches, mutations, new_ids) = events(rows, max_events)
+    client_ids = rows["client_id"].to_numpy()[row].tolist()
+    api_keys = rows["api_key"].to_numpy()[row].tolist()
+    check = quotas.check_and_record
     next_pid = 0
 
-    def tally(client_id: str, kind: str, amount: float, requests: int, throttle_ms: int = 0,
-              rejected: bool = False) -> None:
-        t = tallies.get((client_id, kind))
-        if t is None:
-            t = tallies[(client_id, kind)] = _Tally()
-        t.requests += requests
-        t.demand += amount
+    def hold(cid, kind, n, throttle_ms, rejected=0.0):
+        h = held[(cid, kind)]
         if throttle_ms:
-            t.throttled += requests
-            t.throttle_ms += throttle_ms
+            h[0] += n
+            h[1] += throttle_ms
         if rejected:
-            t.rejected += requests
-            t.rejected_amount += amount
+            h[2] += n
+            h[3] += rejected
 
-    for (now, _, client_id, api_key, requests, req_bytes, resp_bytes, records, batches, mutations,
-         new_pids) in events(rows, max_events):
-        throttle = quotas.check_and_record(user, client_id, REQUEST_RATE, requests, now).throttle_ms
-        tally(client_id, REQUEST_RATE, requests, requests, throttle)
-        rejected = False
-        if api_key == PRODUCE:
-            t = quotas.check_and_record(user, client_id, PRODUCER_BYTE_RATE, req_bytes, now).throttle_ms
-            tally(client_id, PRODUCER_BYTE_RATE, req_bytes, requests, t)
-            throttle = max(throttle, t)
-            if new_pids:
-                ids = range(next_pid, next_pid + new_pids)
-                next_pid += new_pids
-                decision = producer_ids.admit(user, ids, now)
-                rejected = not decision.admitted
-                tally(client_id, PRODUCER_IDS_RATE, new_pids, requests, decision.throttle_ms, rejected)
-                throttle = max(throttle, decision.throttle_ms)
-            if not rejected:
-                for kind, amount in ((PRODUCER_RECORD_RATE, records), (PRODUCER_BATCH_RATE, batches)):
-                    t = quotas.check_and_record(user, client_id, kind, amount, now).throttle_ms
-                    tally(client_id, kind, amount, requests, t)
-                    throttle = max(throttle, t)
-        elif api_key == FETCH:
-            t = quotas.check_and_record(user, client_id, CONSUMER_BYTE_RATE, resp_bytes, now).throttle_ms
-            tally(client_id, CONSUMER_BYTE_RATE, resp_bytes, requests, t)
-            throttle = max(throttle, t)
-            if t:
-                quotas.unrecord(user, client_id, CONSUMER_BYTE_RATE, resp_bytes, now)
-            else:
-                t = quotas.check_and_record(user, client_id, CONSUMER_RECORD_RATE, records, now).throttle_ms
-                tally(client_id, CONSUMER_RECORD_RATE, records, requests, t)
+    for i, (now, n) in enumerate(zip(times.tolist(), reqs.tolist())):
+        cid, api = client_ids[i], api_keys[i]
+        kinds = limited[cid]
+        throttle, rejected = 0, 0.0
+        if REQUEST_RATE in kinds:
+            throttle = check(user, cid, REQUEST_RATE, n, now).throttle_ms
+            hold(cid, REQUEST_RATE, n, throttle)
+        if api == PRODUCE:
+            if PRODUCER_BYTE_RATE in kinds and req_bytes[i]:
+                t = check(user, cid, PRODUCER_BYTE_RATE, int(req_bytes[i]), now).throttle_ms
+                hold(cid, PRODUCER_BYTE_RATE, n, t)
                 throttle = max(throttle, t)
-        elif api_key in _MUTATING and mutations:
-            decision = quotas.try_admit(user, client_id, CONTROLLER_MUTATION_RATE, mutations, now)
-            rejected = not decision.admitted
-            tally(client_id, CONTROLLER_MUTATION_RATE, mutations, requests, decision.throttle_ms, rejected)
+            if pid_rule and new_ids[i]:
+                ids = range(next_pid, next_pid + int(new_ids[i]))
+                next_pid += int(new_ids[i])
+                decision = producer_ids.admit(user, ids, now)
+                if not decision.admitted:
+                    rejected = float(new_ids[i])
+                hold(cid, PRODUCER_IDS_RATE, n, decision.throttle_ms, rejected)
+                throttle = max(throttle, decision.throttle_ms)
+            if not rejected:  # a rejected Produce is not shown to the record limiters
+                for kind, amounts in ((PRODUCER_RECORD_RATE, records), (PRODUCER_BATCH_RATE, batches)):
+                    if kind in kinds and amounts[i]:
+                        t = check(user, cid, kind, int(amounts[i]), now).throttle_ms
+                        hold(cid, kind, n, t)
+                        throttle = max(throttle, t)
+        elif api == FETCH:
+            t = 0
+            if CONSUMER_BYTE_RATE in kinds and resp_bytes[i]:
+                t = check(user, cid, CONSUMER_BYTE_RATE, int(resp_bytes[i]), now).throttle_ms
+                hold(cid, CONSUMER_BYTE_RATE, n, t)
+                if t:  # KafkaApis: answered empty, its bytes un-recorded, no records delivered
+                    quotas.unrecord(user, cid, CONSUMER_BYTE_RATE, int(resp_bytes[i]), now)
+                throttle = max(throttle, t)
+            if not t and CONSUMER_RECORD_RATE in kinds and records[i]:
+                t = check(user, cid, CONSUMER_RECORD_RATE, int(records[i]), now).throttle_ms
+                hold(cid, CONSUMER_RECORD_RATE, n, t)
+                throttle = max(throttle, t)
+        elif api in _MUTATING and CONTROLLER_MUTATION_RATE in kinds and mutations[i]:
+            decision = quotas.try_admit(user, cid, CONTROLLER_MUTATION_RATE, int(mutations[i]), now)
+            if not decision.admitted:
+                rejected = float(mutations[i])
+            hold(cid, CONTROLLER_MUTATION_RATE, n, decision.throttle_ms, rejected)
             throttle = max(throttle, decision.throttle_ms)
-        tally(client_id, ANY, requests, requests, throttle, rejected)
-    return [
-        (proxy, user, client_id, kind, t.requests, t.demand, t.throttled, t.throttle_ms, t.rejected,
-         t.rejected_amount)
-        for (client_id, kind), t in sorted(tallies.items())
-    ]
+        hold(cid, ANY, n, throttle, float(n) if rejected else 0.0)
 
 
 def replay(usage, config_yaml: str, max_events: int = 10):
@@ -157,9 +195,8 @@ def replay(usage, config_yaml: str, max_events: int = 10):
     def per_user(pdf):
         import pandas as pd
 
-        pdf = pdf.sort_values(["interval_start", "client_id", "api_key"], kind="stable")
-        rows = pdf.to_dict("records")
-        out = replay_user(pdf["proxy"].iloc[0], pdf["user"].iloc[0], rows, candidate(config_yaml), max_events)
+        pdf = pdf.sort_values(["interval_start", "client_id", "api_key"], kind="stable").reset_index(drop=True)
+        out = replay_user(pdf["proxy"].iloc[0], pdf["user"].iloc[0], pdf, candidate(config_yaml), max_events)
         return pd.DataFrame(out, columns=[c.split()[0] for c in REPLAY_SCHEMA.split(", ")])
 
     cols = [F.col(c) for c in REPLAY_COLUMNS if c != "interval_start"]

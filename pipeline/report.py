@@ -34,6 +34,7 @@ class Options:
     candidate: Path | None = None  # the configuration to replay (default: the recommendation)
     top: int = 10
     max_events: int = 10
+    replay: bool = True
     shuffle_partitions: int | None = None
     driver_memory: str | None = None
     quiet: bool = False
@@ -81,6 +82,8 @@ def run_report(opts: Options, spark=None) -> Outputs:
         raise UsageError(f"--share must be in (0, 1], got {opts.share}")
     if opts.headroom < 0:
         raise UsageError(f"--headroom must be >= 0, got {opts.headroom}")
+    if opts.max_events < 1:
+        raise UsageError(f"--max-events must be at least 1, got {opts.max_events}")
     from config import ConfigError, load_config
 
     from . import demand
@@ -153,10 +156,14 @@ def run_report(opts: Options, spark=None) -> Outputs:
                 raise RuntimeError(f"the recommended configuration does not load: {exc}") from exc
             result.files["recommended_quotas"] = path
 
-        with progress.step("replay", f"replaying {'the candidate ' + str(opts.candidate) if opts.candidate else 'the recommended quotas'}"):
-            replayed = replay(usage, candidate_text or text, opts.max_events) \
-                .orderBy("proxy", "user", "client_id", "kind").toPandas()
-            result.files["replay"] = _csv(replayed, out / "replay.csv")
+        replayed = None
+        if opts.replay:
+            with progress.step("replay", f"replaying {'the candidate ' + str(opts.candidate) if opts.candidate else 'the recommended quotas'}"):
+                replayed = replay(usage, candidate_text or text, opts.max_events) \
+                    .orderBy("proxy", "user", "client_id", "kind").toPandas()
+                result.files["replay"] = _csv(replayed, out / "replay.csv")
+        else:
+            progress.steps -= 1
 
         with progress.step("charts", "charts"):
             columns = [c for c, _, _ in CHARTS]
@@ -179,8 +186,10 @@ def run_report(opts: Options, spark=None) -> Outputs:
             f"{stats.rows:,} usage rows, {stats.principals:,} principals, {stats.lo:%Y-%m-%d %H:%M} to "
             f"{stats.hi:%Y-%m-%d %H:%M} UTC",
             f"Recommendation: admit {opts.share:g} of each principal's demand, plus {opts.headroom:.0%} headroom",
-            f"Replay of {opts.candidate or 'the recommended quotas'}: open loop (clients assumed to send what they sent)",
         ]
+        if opts.replay:
+            summary.append(f"Replay of {opts.candidate or 'the recommended quotas'}: open loop "
+                           "(clients assumed to send what they sent)")
         result.files["html"] = write_report(
             out, title="kafka-quota-proxy usage report", summary=summary,
             headlines=result.headlines, charts=charts,
@@ -189,7 +198,8 @@ def run_report(opts: Options, spark=None) -> Outputs:
                     ("Demand per principal and quota kind (per-second rates; producer_ids_rate per window)",
                      "demand.csv", percentiles),
                     ("Recommended quota per principal and kind", "recommended.csv", recommended),
-                    ("What-if replay", "replay.csv", replayed[replayed["kind"] == "(any)"])],
+                    *([("What-if replay", "replay.csv", replayed[replayed["kind"] == "(any)"])]
+                      if replayed is not None else [])],
             recommended_yaml=text)
     result.seconds = progress.seconds
     return result
@@ -250,6 +260,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--candidate", type=Path, help="configuration to replay (default: the recommendation)")
     p.add_argument("--top", type=int, default=10, help="top talkers listed (10)")
     p.add_argument("--max-events", type=int, default=10, help="replay events per usage row (10)")
+    p.add_argument("--no-replay", dest="replay", action="store_false",
+                   help="skip the what-if replay (the slowest step: one Python pass per user)")
     p.add_argument("--shuffle-partitions", type=int, help="spark.sql.shuffle.partitions")
     p.add_argument("--driver-memory", help="spark.driver.memory, e.g. 4g (local mode: all the memory Spark gets)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")

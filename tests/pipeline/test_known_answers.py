@@ -7,6 +7,7 @@ import csv
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 import yaml
 
@@ -236,7 +237,7 @@ def test_replay_of_rate_quota_throttles_like_the_engine():
     rows = [dict(interval_start=(S + 10 * i) * 1000, interval_seconds=10, client_id="busy", api_key=PRODUCE,
                  requests=10, request_bytes=b, response_bytes=0, records=0, batches=0, partition_mutations=0,
                  new_producer_ids=0) for i, b in enumerate([5000, 20000, 20000, 5000])]
-    out = {r[3]: r for r in replay_user("p1", "ANONYMOUS", rows, config)}
+    out = {r[3]: r for r in replay_user("p1", "ANONYMOUS", pd.DataFrame(rows), config)}
     quotas = quota_manager_for(config)
     throttled = total_ms = 0
     for i, b in enumerate([5000, 20000, 20000, 5000]):
@@ -248,3 +249,21 @@ def test_replay_of_rate_quota_throttles_like_the_engine():
     row = out["producer_byte_rate"]
     assert (row[6], row[7]) == (throttled, total_ms)
     assert throttled > 0 and math.isclose(row[5], 50000)
+
+
+def test_events_spread_requests_and_split_amounts():
+    from pipeline.replay import events
+
+    rows = pd.DataFrame([dict(interval_start=10_000, interval_seconds=10, client_id="c", api_key=0, requests=3,
+                              request_bytes=10, response_bytes=0, records=2, batches=0, partition_mutations=0,
+                              new_producer_ids=0),
+                         dict(interval_start=10_000, interval_seconds=10, client_id="c", api_key=1, requests=40,
+                              request_bytes=0, response_bytes=25, records=0, batches=0, partition_mutations=0,
+                              new_producer_ids=0)])
+    row, t, (reqs, req_bytes, resp_bytes, records, *_) = events(rows, max_events=5)
+    produce = row == 0
+    assert t[produce].tolist() == [11_666, 15_000, 18_333]  # middles of three equal slices
+    assert req_bytes[produce].tolist() == [4, 3, 3] and records[produce].tolist() == [1, 1, 0]
+    fetch = row == 1  # 40 requests, at most 5 events of 8 requests each
+    assert reqs[fetch].tolist() == [8] * 5 and resp_bytes[fetch].sum() == 25
+    assert t.tolist() == sorted(t.tolist())
