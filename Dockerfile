@@ -17,7 +17,8 @@ COPY pipeline ./pipeline
 RUN pip install . \
  && rm -rf /src \
  && useradd --system --uid 10001 --no-create-home kqp \
- && mkdir -p /etc/kafka-quota-proxy
+ && mkdir -p /etc/kafka-quota-proxy /var/lib/kafka-quota-proxy/usage \
+ && chown kqp /var/lib/kafka-quota-proxy/usage
 COPY deploy/proxy-config.yaml /etc/kafka-quota-proxy/config.yaml
 
 WORKDIR /
