@@ -10,7 +10,6 @@ from __future__ import annotations
 from .kinds import DEMAND, PER_WINDOW, RATE_KINDS
 
 PRINCIPAL = ("user", "client_id")
-OTHER = "(other)"
 
 
 def interval_demand(usage):

@@ -23,9 +23,10 @@ import numpy as np
 import yaml
 
 from proxy.principal import ANONYMOUS
+from proxy.usage_log import OTHER
 from quotas.common import RATE_KINDS as WINDOWED_RATE_KINDS
 
-from .demand import OTHER, PRINCIPAL, _long
+from .demand import PRINCIPAL, _long
 from .kinds import ALL_KINDS, PER_WINDOW
 
 RECOMMENDED_SCHEMA = ("user string, client_id string, kind string, admitting double, per_request double, "

@@ -27,6 +27,7 @@ import yaml
 
 from config.engines import producer_id_manager_for, quota_manager_for
 from config.loader import parse_config
+from proxy.usage_log import OTHER
 from quotas.common import (
     CONSUMER_BYTE_RATE, CONSUMER_RECORD_RATE, CONTROLLER_MUTATION_RATE, PRODUCER_BATCH_RATE,
     PRODUCER_BYTE_RATE, PRODUCER_IDS_RATE, PRODUCER_RECORD_RATE, REQUEST_RATE,
@@ -200,5 +201,7 @@ def replay(usage, config_yaml: str, max_events: int = 10):
         return pd.DataFrame(out, columns=[c.split()[0] for c in REPLAY_SCHEMA.split(", ")])
 
     cols = [F.col(c) for c in REPLAY_COLUMNS if c != "interval_start"]
-    return (usage.select("proxy", "user", (F.unix_millis("interval_start")).alias("interval_start"), *cols)
+    # An (other) row sums many principals: no single entity's quota applies to it.
+    return (usage.where(F.col("user") != OTHER)
+            .select("proxy", "user", F.unix_millis("interval_start").alias("interval_start"), *cols)
             .groupBy("proxy", "user").applyInPandas(per_user, REPLAY_SCHEMA))

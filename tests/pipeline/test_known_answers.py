@@ -79,6 +79,8 @@ def _hand_rows() -> list[dict]:
     for i in range(3):
         rows.append(dict(start_s=S + 10 * i, user="flaky", client_id="fp", api_key=PRODUCE, requests=3,
                          new_producer_ids=3))
+    # The overflow row (max_keys_per_interval reached): shown as demand, never given a quota.
+    rows.append(dict(start_s=S, user="(other)", client_id="(other)", api_key=3, requests=5))
     return rows
 
 
@@ -130,6 +132,10 @@ def test_recommendations_match_hand_values(hand_report):
     assert rec[("ops", "tf", "controller_mutation_rate")] == 5  # 3.96 × 1.2 = 4.75
     assert rec[("ops", "tf", "request_rate")] == 1  # (0.198 + 0.1) × 1.2 → at least 1
     assert rec[("flaky", "", "producer_ids_rate")] == 11  # 8.91 × 1.2 = 10.69
+    assert not [key for key in rec if key[0] == "(other)"]
+    demand = _csv(hand_report.files["demand"])
+    assert float(_find(demand, user="(other)", kind="request_rate")["total"]) == 5
+    assert "(other)" not in {r["user"] for r in _csv(hand_report.files["replay"])}
 
 
 def test_recommended_yaml_loads_and_passes_check_config(hand_report, capsys):
