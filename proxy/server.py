@@ -183,9 +183,12 @@ class ProxyServer:
     async def _clean_producer_ids(self) -> None:
         # KIP-936's producer.id.quota.cache.cleanup.scheduler.interval.ms.
         interval_s = self.config.producer_id_quota.producer_id_quota_cache_cleanup_interval_ms / 1000
+        manager = self.producer_ids
         while True:
-            await asyncio.sleep(interval_s)
-            self.producer_ids.cleanup(now_ms())
+            # Nothing to clean while no user is tracked: no need to wake the loop 100 times a
+            # second (a user tracked meanwhile is looked at within a second).
+            await asyncio.sleep(interval_s if manager.tracked_users else max(interval_s, 1.0))
+            manager.cleanup(now_ms())
 
     def reload(self, config: Config) -> None:
         """Applies the quotas, rate limiters and producer-id reaction of a new, already validated
