@@ -273,3 +273,25 @@ def test_events_spread_requests_and_split_amounts():
     fetch = row == 1  # 40 requests, at most 5 events of 8 requests each
     assert reqs[fetch].tolist() == [8] * 5 and resp_bytes[fetch].sum() == 25
     assert t.tolist() == sorted(t.tolist())
+
+
+def test_candidate_replay_and_no_replay(spark, tmp_path):
+    """--candidate replays that file (not the recommendation); --no-replay skips the step."""
+    write_rows(tmp_path / "usage", _hand_rows())
+    candidate = tmp_path / "candidate.yaml"
+    candidate.write_text('upstream: {bootstrap_servers: ["h:1"]}\n'
+                         "quotas: [{user: alice, client_id: app-a, producer_byte_rate: 100}]\n")
+    result = run_report(Options(usage=str(tmp_path / "usage"), out=tmp_path / "with", candidate=candidate,
+                                quiet=True), spark)
+    replayed = _csv(result.files["replay"])
+    alice = _find(replayed, user="alice", kind="producer_byte_rate")
+    assert int(alice["requests"]) == 50 and int(alice["throttled_requests"]) > 0
+    # Under the candidate only alice has a quota: nobody else is held back.
+    others = [r for r in replayed if r["user"] != "alice"]
+    assert others and all(int(r["throttled_requests"]) == 0 and int(r["rejected_requests"]) == 0 for r in others)
+    assert str(candidate) in result.files["html"].read_text()
+
+    skipped = run_report(Options(usage=str(tmp_path / "usage"), out=tmp_path / "without", replay=False,
+                                 quiet=True), spark)
+    assert "replay" not in skipped.files and not (tmp_path / "without" / "replay.csv").exists()
+    assert skipped.files["recommended_quotas"].exists()
