@@ -7,6 +7,8 @@ quotas, so a sample is one principal's demand at one proxy in one interval.
 
 from __future__ import annotations
 
+from quotas.common import CONTROLLER_MUTATION_RATE, REQUEST_RATE
+
 from .kinds import DEMAND, PER_WINDOW, RATE_KINDS
 
 PRINCIPAL = ("user", "client_id")
@@ -87,8 +89,6 @@ def throttling(intervals):
     time per second of activity (1.0: throttled all the time it was active)."""
     from pyspark.sql import functions as F
 
-    from quotas.common import REQUEST_RATE
-
     return (intervals.groupBy(*PRINCIPAL)
             .agg(F.sum(REQUEST_RATE).alias("requests"), F.sum("throttled").alias("throttled"),
                  F.sum("rejected").alias("rejected"), F.sum("throttle_time_ms").alias("throttle_time_ms"),
@@ -102,8 +102,6 @@ def top_talkers(intervals, n: int):
     """The ``n`` principals that moved the most bytes, with their share of all bytes."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
-
-    from quotas.common import CONTROLLER_MUTATION_RATE, REQUEST_RATE
 
     totals = (intervals.groupBy(*PRINCIPAL)
               .agg(F.sum("bytes").alias("bytes"), F.sum(REQUEST_RATE).alias("requests"),

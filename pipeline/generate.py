@@ -23,9 +23,11 @@ from pathlib import Path
 
 import numpy as np
 
+from protocol.apis import ApiKey
 from proxy.usage_log import SCHEMA_VERSION, arrow_schema
 
-PRODUCE, FETCH, CREATE_TOPICS, INIT_PRODUCER_ID = 0, 1, 19, 22
+PRODUCE, FETCH, CREATE_TOPICS, INIT_PRODUCER_ID = (ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.CREATE_TOPICS,
+                                                   ApiKey.INIT_PRODUCER_ID)
 NOISY = ("bulk-loader", "nightly-import")
 STORM = ("provisioner", "terraform")
 RESTARTS = ("flaky-app", "flaky-producer")

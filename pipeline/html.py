@@ -16,14 +16,20 @@ CHARTS = (
 )
 
 
-def stacked_chart(pdf, title: str, unit: str, path: Path, span=None) -> bool:
-    """A stacked area chart of ``pdf`` (time, series, rate): the biggest series first and
-    named in the legend, so the one that dominates is seen at once; buckets without demand are
-    drawn as zero over the whole ``span`` (first, last, step seconds). False if nothing to draw."""
+def _pyplot():
+    """matplotlib's pyplot, drawing to files only (no display)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def stacked_chart(pdf, title: str, unit: str, path: Path, span=None) -> bool:
+    """A stacked area chart of ``pdf`` (time, series, rate): the biggest series first and
+    named in the legend, so the one that dominates is seen at once; buckets without demand are
+    drawn as zero over the whole ``span`` (first, last, step seconds). False if nothing to draw."""
     import pandas as pd
 
     if pdf is None or pdf.empty:
@@ -41,6 +47,7 @@ def stacked_chart(pdf, title: str, unit: str, path: Path, span=None) -> bool:
     wide = wide[order]
     total = float(wide.to_numpy().sum()) or 1.0
     labels = [f"{name} ({wide[name].sum() / total:.0%})" for name in order]
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(10, 3.6), dpi=100)
     ax.stackplot(wide.index, wide.T.to_numpy(), labels=labels, alpha=0.85)
     ax.set_title(title)
@@ -55,13 +62,9 @@ def stacked_chart(pdf, title: str, unit: str, path: Path, span=None) -> bool:
 
 
 def bar_chart(labels: list[str], values: list[float], title: str, unit: str, path: Path) -> bool:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     if not labels:
         return False
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(10, 0.35 * len(labels) + 1.2), dpi=100)
     ax.barh(labels[::-1], values[::-1], color="#c0392b")
     ax.set_title(title)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from protocol.apis import ApiKey
 from quotas.common import (
     CONSUMER_BYTE_RATE, CONSUMER_RECORD_RATE, CONTROLLER_MUTATION_RATE, PRODUCER_BATCH_RATE,
     PRODUCER_BYTE_RATE, PRODUCER_IDS_RATE, PRODUCER_RECORD_RATE, REQUEST_RATE,
 )
 
-PRODUCE, FETCH = 0, 1
-CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS = 19, 20, 37
+PRODUCE, FETCH = ApiKey.PRODUCE, ApiKey.FETCH
+MUTATING = frozenset({ApiKey.CREATE_TOPICS, ApiKey.DELETE_TOPICS, ApiKey.CREATE_PARTITIONS})
 
 
 class Demand(NamedTuple):
@@ -26,8 +27,7 @@ DEMAND: dict[str, Demand] = {
     PRODUCER_RECORD_RATE: Demand("records", frozenset({PRODUCE}), "records/s"),
     CONSUMER_RECORD_RATE: Demand("records", frozenset({FETCH}), "records/s"),
     PRODUCER_BATCH_RATE: Demand("batches", frozenset({PRODUCE}), "batches/s"),
-    CONTROLLER_MUTATION_RATE: Demand("partition_mutations",
-                                     frozenset({CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS}), "partitions/s"),
+    CONTROLLER_MUTATION_RATE: Demand("partition_mutations", MUTATING, "partitions/s"),
 }
 # KIP-936: producer_ids_rate counts new ids per user per producer-id window, not per second.
 PER_WINDOW = {PRODUCER_IDS_RATE: Demand("new_producer_ids", frozenset({PRODUCE}), "producer ids/window")}

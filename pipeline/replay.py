@@ -33,7 +33,7 @@ from quotas.common import (
     PRODUCER_BYTE_RATE, PRODUCER_IDS_RATE, PRODUCER_RECORD_RATE, REQUEST_RATE,
 )
 
-from .kinds import CREATE_PARTITIONS, CREATE_TOPICS, DELETE_TOPICS, FETCH, PRODUCE
+from .kinds import DEMAND, FETCH, MUTATING, PER_WINDOW, PRODUCE
 
 ANY = "(any)"  # a request held back by any quota
 REPLAY_SCHEMA = (
@@ -42,7 +42,6 @@ REPLAY_SCHEMA = (
 )
 REPLAY_COLUMNS = ("interval_start", "interval_seconds", "client_id", "api_key", "requests", "request_bytes",
                   "response_bytes", "records", "batches", "partition_mutations", "new_producer_ids")
-_MUTATING = frozenset({CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS})
 
 
 @lru_cache(maxsize=4)
@@ -78,23 +77,14 @@ def events(rows, max_events: int):
     return row[order], t[order], [a[order] for a in shares]
 
 
-_CHARGES = {  # kind → (usage column, APIs it is charged on; None: every API)
-    REQUEST_RATE: ("requests", None),
-    PRODUCER_BYTE_RATE: ("request_bytes", {PRODUCE}),
-    PRODUCER_IDS_RATE: ("new_producer_ids", {PRODUCE}),
-    PRODUCER_RECORD_RATE: ("records", {PRODUCE}),
-    PRODUCER_BATCH_RATE: ("batches", {PRODUCE}),
-    CONSUMER_BYTE_RATE: ("response_bytes", {FETCH}),
-    CONSUMER_RECORD_RATE: ("records", {FETCH}),
-    CONTROLLER_MUTATION_RATE: ("partition_mutations", _MUTATING),
-}
+_CHARGES = {**DEMAND, **PER_WINDOW}  # kind → the usage column it charges, and on which APIs
 
 
 def _demand(rows) -> dict[tuple[str, str], list]:
     """(client_id, kind) → [requests, demand] straight from the rows (quota or not)."""
     out: dict[tuple[str, str], list] = {}
     api = rows["api_key"]
-    for kind, (column, apis) in _CHARGES.items():
+    for kind, (column, apis, _) in _CHARGES.items():
         on = rows if apis is None else rows[api.isin(sorted(apis))]
         on = on[on[column] > 0]
         for client_id, g in on.groupby("client_id", sort=False):
@@ -178,7 +168,7 @@ def _run_events(user, rows, quotas, producer_ids, limited, pid_rule, held, max_e
                 t = check(user, cid, CONSUMER_RECORD_RATE, int(records[i]), now).throttle_ms
                 hold(cid, CONSUMER_RECORD_RATE, n, t)
                 throttle = max(throttle, t)
-        elif api in _MUTATING and CONTROLLER_MUTATION_RATE in kinds and mutations[i]:
+        elif api in MUTATING and CONTROLLER_MUTATION_RATE in kinds and mutations[i]:
             decision = quotas.try_admit(user, cid, CONTROLLER_MUTATION_RATE, int(mutations[i]), now)
             if not decision.admitted:
                 rejected = float(mutations[i])

@@ -84,19 +84,19 @@ def run_report(opts: Options, spark=None) -> Outputs:
         raise UsageError(f"--headroom must be >= 0, got {opts.headroom}")
     if opts.max_events < 1:
         raise UsageError(f"--max-events must be at least 1, got {opts.max_events}")
-    from config import ConfigError, load_config
+    from config import ConfigError, load_config, parse_config
 
     from . import demand
     from .html import CHARTS, bar_chart, stacked_chart, write_report
     from .recommend import quota_entries, quotas_yaml, recommendations
-    from .replay import replay
+    from .replay import candidate, replay
     from .spark import parse_time, read_usage, spark_errors, spark_session
 
     base = _load_yaml(opts.config, "--config") if opts.config else None
     window_s, measured_over_s = 3600.0, 10.0  # Kafka's defaults
-    if opts.config:
+    if base is not None:
         try:
-            base_config = load_config(opts.config)
+            base_config = parse_config(base)
         except ConfigError as exc:
             raise UsageError(f"--config {opts.config}: {exc}") from exc
         window_s = base_config.producer_id_quota.producer_id_quota_window_size_seconds
@@ -106,8 +106,8 @@ def run_report(opts: Options, spark=None) -> Outputs:
     if opts.candidate:
         candidate_text = _read(opts.candidate, "--candidate")
         try:
-            load_config(opts.candidate)
-        except ConfigError as exc:
+            candidate(candidate_text)  # the replay parses the same text the same way
+        except (ConfigError, yaml.YAMLError) as exc:
             raise UsageError(f"--candidate {opts.candidate}: {exc}") from exc
     since = parse_time(opts.since) if opts.since else None
     until = parse_time(opts.until) if opts.until else None
@@ -115,7 +115,7 @@ def run_report(opts: Options, spark=None) -> Outputs:
     out.mkdir(parents=True, exist_ok=True)
     (out / "charts").mkdir(exist_ok=True)
     result = Outputs()
-    progress = Progress(7, opts.quiet)
+    progress = Progress(7 if opts.replay else 6, opts.quiet)
 
     with progress.step("spark", "starting Spark"):
         spark = spark or spark_session(opts.master, shuffle_partitions=opts.shuffle_partitions,
@@ -162,8 +162,6 @@ def run_report(opts: Options, spark=None) -> Outputs:
                 replayed = replay(usage, candidate_text or text, opts.max_events) \
                     .orderBy("proxy", "user", "client_id", "kind").toPandas()
                 result.files["replay"] = _csv(replayed, out / "replay.csv")
-        else:
-            progress.steps -= 1
 
         with progress.step("charts", "charts"):
             columns = [c for c, _, _ in CHARTS]

@@ -84,8 +84,9 @@ class InFlight:
         self.produce = None  # a Produce request's ProduceScan, once a filter has needed it
         self.scan = None  # a Produce / Fetch response's ResponseScan, for the filters after
         # For the usage log: when it went to the broker and how long the broker took; what a
-        # filter counted (records and batches of a Fetch response, None: not counted), the
-        # partitions a controller mutation asked for, new producer ids, a quota rejection.
+        # filter counted (records and batches of a Produce request or a Fetch response, None:
+        # not counted), the partitions a controller mutation asked for, new producer ids, a
+        # quota rejection.
         self.forwarded_at = 0.0
         self.upstream_ms = 0.0
         self.records: int | None = None
@@ -489,16 +490,11 @@ class ClientConnection(asyncio.Protocol):
             self._close()
 
     def _count_usage(self, entry: InFlight, response_bytes: int) -> None:
-        scan = entry.produce
-        if scan:
-            records, batches = scan.records, scan.batches
-        else:
-            records, batches = entry.records or 0, entry.batches
         session = self.session
         self.usage.add(
             session.principal, session.client_id or "", entry.api_key,
-            request_bytes=entry.request_bytes, response_bytes=response_bytes, records=records,
-            batches=batches, mutations=entry.mutations, new_producer_ids=entry.new_producer_ids,
+            request_bytes=entry.request_bytes, response_bytes=response_bytes, records=entry.records or 0,
+            batches=entry.batches, mutations=entry.mutations, new_producer_ids=entry.new_producer_ids,
             throttle_ms=entry.throttle_ms, rejected=entry.rejected, upstream_ms=entry.upstream_ms,
         )
 

@@ -54,9 +54,8 @@ def default_chain(
     rates = RateQuotaFilter(quota_manager, max(w.quota_window_num - 1, 1) * w.quota_window_size_seconds)
     mutations = ControllerMutationFilter(
         quota_manager, topics, config.controller_mutation.num_partitions_fallback,
-        config.upstream.connect_timeout_s,
+        config.upstream.connect_timeout_s, count_all=usage is not None,
     )
-    mutations.count_all = usage is not None
     counting = [usage] if usage is not None else []
     return FilterChain(
         # A Produce rejected for its producer ids is not shown to the record limiters (the
@@ -108,6 +107,7 @@ class ProxyServer:
         self.limiter_filter = RateLimiterFilter(self.limiters)
         self.registry.register(ProducerIdCollector(self.producer_ids, self.producer_id_filter, self.limiter_filter, now_ms))
         self.topics = TopicCache()
+        self.producer_id_observer: ProducerIdObserver | None = None  # with the usage log only
         self.usage, usage_filter = self._usage_log(config)
         self.cluster = Cluster(config, self.stats, self._serve_node)
         self.leaders = LeaderCache()
@@ -167,7 +167,7 @@ class ProxyServer:
         while True:
             await asyncio.sleep(60)
             self.quotas.expire(now_ms())
-            if self.usage is not None:
+            if self.producer_id_observer is not None:
                 self.producer_id_observer.cleanup(now_ms())
 
     async def _refresh_periodically(self, interval_s: float, timeout_s: float) -> None:

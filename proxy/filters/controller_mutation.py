@@ -46,13 +46,14 @@ class _Topic:
 class ControllerMutationFilter:
     api_keys = frozenset(STRICT_SINCE)
 
-    def __init__(self, manager: QuotaManager, topics, fallback_num_partitions: int, timeout_s: float) -> None:
+    def __init__(self, manager: QuotaManager, topics, fallback_num_partitions: int, timeout_s: float,
+                 count_all: bool = False) -> None:
         self.manager = manager
         self.topics = topics  # proxy.topics.TopicCache
         self.fallback_num_partitions = fallback_num_partitions
         self.timeout_s = timeout_s
         # The usage log counts partition mutations whether or not a quota applies.
-        self.count_all = False
+        self.count_all = count_all
 
     # -- request side -----------------------------------------------------------------------
 

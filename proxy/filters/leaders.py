@@ -161,9 +161,9 @@ class UpliftFilter:
         conn.stats.uplifted_requests[api_name(header.api_key)] += 1
         # The version is bytes 2-3 of the request header; the response is parsed at the
         # client's version (entry.api_version), whose body the lower version's body already is.
-        patched = bytearray(frame)
+        patched = bytearray(frame)  # the one copy: it is written to the broker as it is
         patched[2:4] = lower.to_bytes(2, "big")
-        return Forward(bytes(patched))
+        return Forward(patched)
 
 
 def uplifted_caps(broker_max: dict[int, int], enabled: bool) -> dict[int, int]:

@@ -28,6 +28,7 @@ def produce_scan(conn, header, frame, entry) -> ProduceScan | None:
         entry.produce = False
         return None
     entry.produce = scan
+    entry.records, entry.batches = scan.records, scan.batches
     return scan
 
 

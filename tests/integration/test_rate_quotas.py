@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import socket
 import struct
-import threading
 import time
 
 import pytest
@@ -41,26 +40,28 @@ from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse
 from tests.support import rate_runs
 from tests.support.proxy_process import sum_samples
 from tests.support.rate_runs import (
+    WARMUP_S,
     Deliveries,
+    GreedyKafkaPython,
     assert_clean,
     assert_offsets_contiguous,
     assert_within,
+    consume_for,
     fill_topic,
     fresh_topic,
     greedy_librdkafka,
+    librdkafka_producer,
     metric_delta,
     rate_in_window,
-    throttle_time_max,
+    start_proxy,
 )
 from tests.support.wire import read_frame, request_bytes
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
-WINDOWS = {"quota_window_num": 2, "quota_window_size_seconds": 1}
 RECORD_VALUE = b"v" * 1024
 WIRE_BYTES_PER_RECORD = 1024 + 16
 RUN_S = 20.0
-WARMUP_S = 2.0
 PRODUCE_QUOTA = 512 * 1024  # bytes/s
 CONSUME_QUOTA = 1024 * 1024  # bytes/s
 BATCH_BYTES = 32 * 1024
@@ -87,10 +88,6 @@ def _consume_count(broker, topic: str, expected: int, timeout_s: float = 15.0) -
         consumer.close()
 
 
-def _start_proxy(proxy, broker, quotas: list[dict]):
-    return proxy([broker.bootstrap], extra_config={"quota_windows": dict(WINDOWS), "quotas": quotas})
-
-
 def _rate_in_window(events: list[tuple[float, int]], start: float, end: float) -> float:
     """Bytes/s of the (instant, records) events inside [start, end]."""
     return rate_in_window(events, start, end, weight=WIRE_BYTES_PER_RECORD)
@@ -106,22 +103,17 @@ def _assert_within_quota(kind: str, rate: float, quota: float) -> None:
 
 def test_producer_byte_rate_holds_back_librdkafka(broker, proxy):
     """librdkafka reports throttle_time_ms (throttle_cb) but keeps sending: the mute holds it."""
-    from confluent_kafka import Producer
-
     client_id = "greedy-librdkafka"
-    p = _start_proxy(proxy, broker, [
+    p = start_proxy(proxy, broker, [
         {"user": "<default>", "client_id": client_id, "producer_byte_rate": PRODUCE_QUOTA},
     ])
     topic = fresh_topic(broker, "quota-ck")
     before = p.metrics()
     delivered = Deliveries()
     throttles_s: list[float] = []
-    producer = Producer({
-        "bootstrap.servers": p.bootstrap, "client.id": client_id, "acks": "all",
-        "enable.idempotence": False, "linger.ms": 5, "batch.size": BATCH_BYTES,
+    producer = librdkafka_producer(p.bootstrap, client_id, delivered, throttles_s, **{
+        "batch.size": BATCH_BYTES,
         "queue.buffering.max.kbytes": 256,  # a bounded backlog, so the run ends promptly
-        "on_delivery": delivered,
-        "throttle_cb": lambda event: throttles_s.append(event.throttle_time),
     })
     start, end = greedy_librdkafka(producer, topic, RECORD_VALUE, RUN_S)
     after = p.metrics()
@@ -138,49 +130,22 @@ def test_producer_byte_rate_holds_back_librdkafka(broker, proxy):
 
 def test_producer_byte_rate_kafka_python(broker, proxy):
     """kafka-python honours throttle_time_ms itself; the achieved rate is the same."""
-    from kafka import KafkaProducer
-
     client_id = "greedy-kafka-python"
-    p = _start_proxy(proxy, broker, [
+    p = start_proxy(proxy, broker, [
         {"user": "<default>", "client_id": client_id, "producer_byte_rate": PRODUCE_QUOTA},
     ])
     topic = fresh_topic(broker, "quota-kp")
     before = p.metrics()
-    acks: list[tuple[float, int]] = []
-    offsets: list[int] = []
-    errors: list = []
-    # kafka-python 3.0 has no buffer_memory: bound the backlog to 256 unacknowledged records.
-    backlog = threading.BoundedSemaphore(256)
-
-    def on_ack(metadata):
-        acks.append((time.monotonic(), 1))
-        offsets.append(metadata.offset)
-        backlog.release()
-
-    def on_error(exc):
-        errors.append(exc)
-        backlog.release()
-
-    producer = KafkaProducer(bootstrap_servers=p.bootstrap, client_id=client_id, acks="all",
-                             linger_ms=5, batch_size=BATCH_BYTES)
-    try:
-        start = time.monotonic()
-        end = start + RUN_S
-        while time.monotonic() < end:
-            if not backlog.acquire(timeout=0.05):
-                continue
-            producer.send(topic, RECORD_VALUE).add_callback(on_ack).add_errback(on_error)
-        producer.flush(30)
-        throttle_max_ms = throttle_time_max(producer)
-    finally:
-        producer.close(10)
+    producer = GreedyKafkaPython(p.bootstrap, client_id, topic, RECORD_VALUE, batch_size=BATCH_BYTES, run_s=RUN_S,
+                                 backlog=256)
+    producer.run_in_background().finish()
     after = p.metrics()
 
-    assert errors == []
-    assert_offsets_contiguous(offsets)
-    _assert_within_quota("producer_byte_rate (kafka-python)", _rate_in_window(acks, start + WARMUP_S, end), PRODUCE_QUOTA)
+    assert producer.errors == []
+    assert_offsets_contiguous(producer.offsets)
+    _assert_within_quota("producer_byte_rate (kafka-python)", producer.rate(WIRE_BYTES_PER_RECORD), PRODUCE_QUOTA)
     assert metric_delta(before, after, "kqp_quota_throttled_total", kind="producer_byte_rate") > 0
-    assert throttle_max_ms > 0, "kafka-python never saw throttle_time_ms in a response"
+    assert producer.throttle_max_ms > 0, "kafka-python never saw throttle_time_ms in a response"
     assert_clean(p)
 
 
@@ -195,25 +160,12 @@ def filled_topic(broker):
     return fill_topic(broker, "quota-fetch", RECORD_VALUE, FILLED_RECORDS, {"batch.size": BATCH_BYTES})
 
 
-def _consume_for(consumer, seconds: float) -> tuple[float, float, list[tuple[float, int]], float]:
-    """Polls for ``seconds``: (start, end, [(instant, records)], kafka-python's throttle-time-max)."""
-    received: list[tuple[float, int]] = []
-    start = time.monotonic()
-    end = start + seconds
-    while time.monotonic() < end:
-        for records in consumer.poll(timeout_ms=50).values():
-            assert all(len(r.value) == len(RECORD_VALUE) for r in records)
-            received.append((time.monotonic(), len(records)))
-    throttle_max_ms = throttle_time_max(consumer)
-    return start, end, received, throttle_max_ms
-
-
 def test_consumer_byte_rate_kafka_python(broker, filled_topic, proxy):
     from kafka import KafkaConsumer
     from kafka.structs import TopicPartition
 
     client_id = "greedy-consumer"
-    p = _start_proxy(proxy, broker, [{"client_id": client_id, "consumer_byte_rate": CONSUME_QUOTA}])
+    p = start_proxy(proxy, broker, [{"client_id": client_id, "consumer_byte_rate": CONSUME_QUOTA}])
     before = p.metrics()
     # Small fetches, so one response is a small part of a window's allowance: Tansu 0.6.0 honours
     # a request's max_bytes in whole batches (here one 32 KiB batch a fetch) but ignores
@@ -224,7 +176,7 @@ def test_consumer_byte_rate_kafka_python(broker, filled_topic, proxy):
                              max_partition_fetch_bytes=16 * 1024)
     try:
         consumer.assign([TopicPartition(filled_topic, 0)])
-        start, end, received, throttle_max_ms = _consume_for(consumer, RUN_S)
+        start, end, received, _, throttle_max_ms = consume_for(consumer, RUN_S, RECORD_VALUE)
     finally:
         consumer.close()
     after = p.metrics()
@@ -243,7 +195,7 @@ def test_consumer_byte_rate_holds_back_librdkafka(broker, filled_topic, proxy):
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
     client_id = "greedy-rdkafka-consumer"
-    p = _start_proxy(proxy, broker, [{"client_id": client_id, "consumer_byte_rate": CONSUME_QUOTA}])
+    p = start_proxy(proxy, broker, [{"client_id": client_id, "consumer_byte_rate": CONSUME_QUOTA}])
     before = p.metrics()
     throttles: list[float] = []
     consumer = Consumer({
@@ -293,7 +245,7 @@ def test_fetch_larger_than_the_quota_window_still_gets_data(broker, filled_topic
                              auto_offset_reset="earliest")
     try:
         consumer.assign([TopicPartition(filled_topic, 0)])
-        _, _, received, throttle_max_ms = _consume_for(consumer, 4.0)
+        _, _, received, _, throttle_max_ms = consume_for(consumer, 4.0, RECORD_VALUE)
     finally:
         consumer.close()
     print(f"\ndefault-sized fetches under 256 KiB/s: {sum(n for _, n in received)} records in 4 s, "
@@ -329,7 +281,7 @@ def _round_trip(sock: socket.socket, correlation_id: int, client_id: str) -> tup
 
 def test_request_rate_mutes_the_throttled_connection_only(broker, proxy):
     limited, free = "poll-1", "free-tenant"
-    p = _start_proxy(proxy, broker, [{"client_id": "poll-*", "request_rate": 20}])
+    p = start_proxy(proxy, broker, [{"client_id": "poll-*", "request_rate": 20}])
     before = p.metrics()
     a = socket.create_connection(p.address, timeout=10)
     b = socket.create_connection(p.address, timeout=10)
@@ -425,7 +377,7 @@ def test_acks0_produce_over_quota_is_muted_and_never_answered(kafka_like_broker,
     client_id = "fire-and-forget"
     quota = 50_000  # bytes/s
     p = proxy(cluster.bootstrap_servers, extra_config={
-        "quota_windows": dict(WINDOWS), "quotas": [{"client_id": client_id, "producer_byte_rate": quota}],
+        "quota_windows": dict(rate_runs.WINDOWS), "quotas": [{"client_id": client_id, "producer_byte_rate": quota}],
     })
     before = p.metrics()
     produce, size = _acks0_produce("fire", 1, client_id, records=100)
@@ -468,7 +420,7 @@ def test_acks0_produce_over_quota_is_muted_and_never_answered(kafka_like_broker,
 
 def test_acks0_against_tansu_keeps_the_connection(broker, proxy):
     client_id = "fire-and-forget-tansu"
-    p = _start_proxy(proxy, broker, [])
+    p = start_proxy(proxy, broker, [])
     topic = fresh_topic(broker, "acks0-tansu")
     produce, _ = _acks0_produce(topic, 1, client_id, records=3)
     with socket.create_connection(p.address, timeout=5) as s:

@@ -42,7 +42,6 @@ import socket
 import struct
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -53,24 +52,26 @@ from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse
 from tests.support import rate_runs
 from tests.support.proxy_process import REPO_ROOT, sum_samples
 from tests.support.rate_runs import (
+    WARMUP_S,
     Deliveries,
+    GreedyKafkaPython,
     assert_clean,
     assert_offsets_contiguous,
     assert_within,
+    consume_for,
     fill_topic,
     fresh_topic,
     greedy_librdkafka,
+    librdkafka_producer,
     metric_delta,
     rate_in_window,
-    throttle_time_max,
+    start_proxy,
 )
 from tests.support.wire import read_frame, request_bytes
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
-WINDOWS = {"quota_window_num": 2, "quota_window_size_seconds": 1}
 RECORD_VALUE = b"r" * 100
-WARMUP_S = 2.0
 SCHEDULING_TOLERANCE_S = 0.020
 
 RECORD_QUOTA = 3000  # records/s: librdkafka reaches ~300,000 and kafka-python ~20,000 unthrottled here
@@ -86,100 +87,20 @@ BROKEN_LIMITER = "tests.support.custom_limiter:BrokenLimiter"
 broker = rate_runs.broker  # one Tansu for the module (a pytest fixture)
 
 
-# -- helpers -----------------------------------------------------------------------------------
-
-
-def _start_proxy(proxy, broker, quotas: list[dict], rate_limiters: list | None = None):
-    extra = {"quota_windows": dict(WINDOWS), "quotas": quotas}
-    if rate_limiters is not None:
-        extra["rate_limiters"] = rate_limiters
-    return proxy([broker.bootstrap], extra_config=extra)
-
-
-class GreedyKafkaPython:
-    """A kafka-python producer that always has records to send (at most ``backlog`` unacknowledged:
-    kafka-python 3.0 has no buffer_memory), for ``run_s`` seconds, in its own thread."""
-
-    def __init__(self, bootstrap: str, client_id: str, topic: str, batch_size: int, run_s: float,
-                 backlog: int = 1000) -> None:
-        from kafka import KafkaProducer
-
-        self.client_id, self.topic, self.run_s = client_id, topic, run_s
-        self.acks: list[tuple[float, int]] = []  # (instant, 1) per record
-        self.batch_acks: list[tuple[float, int]] = []  # (instant, 1) per batch (its first record)
-        self.offsets: list[int] = []
-        self.errors: list = []
-        self.throttle_max_ms = 0.0
-        self._backlog = threading.BoundedSemaphore(backlog)
-        self.producer = KafkaProducer(bootstrap_servers=bootstrap, client_id=client_id, acks="all",
-                                      linger_ms=5, batch_size=batch_size)
-        self.start = self.end = 0.0
-        self._thread = threading.Thread(target=self._run, name=f"produce-{client_id}", daemon=True)
-
-    def _on_ack(self, future):
-        def on_ack(metadata):
-            now = time.monotonic()
-            self.acks.append((now, 1))
-            # FutureRecordMetadata.args[0] is the record's index in its producer batch; one batch
-            # is one Produce request to a one-partition topic.
-            if future.args[0] == 0:
-                self.batch_acks.append((now, 1))
-            self.offsets.append(metadata.offset)
-            self._backlog.release()
-        return on_ack
-
-    def _on_error(self, exc):
-        self.errors.append(exc)
-        self._backlog.release()
-
-    def _run(self) -> None:
-        self.start = time.monotonic()
-        self.end = self.start + self.run_s
-        while time.monotonic() < self.end:
-            if not self._backlog.acquire(timeout=0.05):
-                continue
-            future = self.producer.send(self.topic, RECORD_VALUE)
-            future.add_callback(self._on_ack(future)).add_errback(self._on_error)
-
-    def run_in_background(self) -> GreedyKafkaPython:
-        self._thread.start()
-        return self
-
-    def finish(self) -> None:
-        self._thread.join(self.run_s + 30)
-        try:
-            self.producer.flush(30)
-            self.throttle_max_ms = throttle_time_max(self.producer)
-        finally:
-            self.producer.close(10)
-
-    def rate(self) -> float:
-        return rate_in_window(self.acks, self.start + WARMUP_S, self.end)
-
-    def batch_rate(self) -> float:
-        return rate_in_window(self.batch_acks, self.start + WARMUP_S, self.end)
-
-
 # -- producer_record_rate ----------------------------------------------------------------------
 
 
 def test_producer_record_rate_holds_back_librdkafka(broker, proxy):
     """librdkafka reports throttle_time_ms (throttle_cb) but keeps sending: the mute holds it."""
-    from confluent_kafka import Producer
-
     client_id = "records-librdkafka"
-    p = _start_proxy(proxy, broker, [{"client_id": client_id, "producer_record_rate": RECORD_QUOTA}])
+    p = start_proxy(proxy, broker, [{"client_id": client_id, "producer_record_rate": RECORD_QUOTA}])
     topic = fresh_topic(broker, "records-ck")
     before = p.metrics()
     delivered = Deliveries()
     throttles_s: list[float] = []
-    producer = Producer({
-        "bootstrap.servers": p.bootstrap, "client.id": client_id, "acks": "all",
-        "enable.idempotence": False, "linger.ms": 5,
+    producer = librdkafka_producer(p.bootstrap, client_id, delivered, throttles_s, **{
         "batch.num.messages": 100,  # a request is 1/30 of a second's quota
         "queue.buffering.max.messages": 1000,  # a bounded backlog, so the run ends promptly
-        "on_delivery": delivered,
-        "throttle_cb": lambda event: throttles_s.append(event.throttle_time),
     })
     start, end = greedy_librdkafka(producer, topic, RECORD_VALUE, RECORD_RUN_S)
     after = p.metrics()
@@ -198,11 +119,11 @@ def test_producer_record_rate_holds_back_librdkafka(broker, proxy):
 def test_producer_record_rate_kafka_python(broker, proxy):
     """kafka-python waits throttle_time_ms out itself; the achieved rate is the same."""
     client_id = "records-kafka-python"
-    p = _start_proxy(proxy, broker, [{"client_id": client_id, "producer_record_rate": RECORD_QUOTA}])
+    p = start_proxy(proxy, broker, [{"client_id": client_id, "producer_record_rate": RECORD_QUOTA}])
     topic = fresh_topic(broker, "records-kp")
     before = p.metrics()
     # 12 KiB batches: ~110 records of 100 B, a request is 1/27 of a second's quota.
-    producer = GreedyKafkaPython(p.bootstrap, client_id, topic, batch_size=12 * 1024, run_s=RECORD_RUN_S)
+    producer = GreedyKafkaPython(p.bootstrap, client_id, topic, RECORD_VALUE, batch_size=12 * 1024, run_s=RECORD_RUN_S)
     producer.run_in_background().finish()
     after = p.metrics()
 
@@ -232,25 +153,16 @@ def test_consumer_record_rate_kafka_python(broker, filled_topic, proxy):
     from kafka.structs import TopicPartition
 
     client_id = "records-consumer"
-    p = _start_proxy(proxy, broker, [{"client_id": client_id, "consumer_record_rate": RECORD_QUOTA}])
+    p = start_proxy(proxy, broker, [{"client_id": client_id, "consumer_record_rate": RECORD_QUOTA}])
     before = p.metrics()
     # 16 KiB fetches: Tansu answers with whole batches up to max_bytes, ~200 records a fetch,
     # 1/15 of a second's quota.
     consumer = KafkaConsumer(bootstrap_servers=p.bootstrap, client_id=client_id, enable_auto_commit=False,
                              auto_offset_reset="earliest", fetch_max_bytes=16 * 1024,
                              max_partition_fetch_bytes=16 * 1024)
-    received: list[tuple[float, int]] = []
-    offsets: list[int] = []
     try:
         consumer.assign([TopicPartition(filled_topic, 0)])
-        start = time.monotonic()
-        end = start + RECORD_RUN_S
-        while time.monotonic() < end:
-            for records in consumer.poll(timeout_ms=50).values():
-                assert all(r.value == RECORD_VALUE for r in records)
-                received.append((time.monotonic(), len(records)))
-                offsets.extend(r.offset for r in records)
-        throttle_max_ms = throttle_time_max(consumer)
+        start, end, received, offsets, throttle_max_ms = consume_for(consumer, RECORD_RUN_S, RECORD_VALUE)
     finally:
         consumer.close()
     after = p.metrics()
@@ -273,10 +185,10 @@ def test_producer_batch_rate_kafka_python(broker, proxy):
     confirms). 4 KiB batches hold ~37 records, so the batch bound (~1,850 records/s) is what
     holds the producer, not its speed (~20,000 records/s unthrottled)."""
     client_id = "batches-kafka-python"
-    p = _start_proxy(proxy, broker, [{"client_id": client_id, "producer_batch_rate": BATCH_QUOTA}])
+    p = start_proxy(proxy, broker, [{"client_id": client_id, "producer_batch_rate": BATCH_QUOTA}])
     topic = fresh_topic(broker, "batches-kp")
     before = p.metrics()
-    producer = GreedyKafkaPython(p.bootstrap, client_id, topic, batch_size=4096, run_s=SHORT_RUN_S)
+    producer = GreedyKafkaPython(p.bootstrap, client_id, topic, RECORD_VALUE, batch_size=4096, run_s=SHORT_RUN_S)
     producer.run_in_background().finish()
     after = p.metrics()
 
@@ -304,22 +216,16 @@ def test_connector_glob_holds_each_task_to_its_own_record_rate(broker, proxy):
     another connector's task is not touched. The orders tasks are kafka-python producers (they
     wait out throttles, like the Java producer Connect uses); the billing task is librdkafka
     offering twice the bound at a steady pace."""
-    from confluent_kafka import Producer
-
     orders = ["connector-producer-orders-0", "connector-producer-orders-1"]
     billing = "connector-producer-billing-0"
-    p = _start_proxy(proxy, broker, [{"client_id": "connector-producer-orders-*", "producer_record_rate": CONNECTOR_QUOTA}])
+    p = start_proxy(proxy, broker, [{"client_id": "connector-producer-orders-*", "producer_record_rate": CONNECTOR_QUOTA}])
     before = p.metrics()
-    tasks = [GreedyKafkaPython(p.bootstrap, cid, fresh_topic(broker, cid), batch_size=4096, run_s=SHORT_RUN_S)
+    tasks = [GreedyKafkaPython(p.bootstrap, cid, fresh_topic(broker, cid), RECORD_VALUE, batch_size=4096, run_s=SHORT_RUN_S)
              for cid in orders]
     billing_topic = fresh_topic(broker, billing)
     billing_delivered = Deliveries()
     billing_throttles: list[float] = []
-    billing_producer = Producer({
-        "bootstrap.servers": p.bootstrap, "client.id": billing, "acks": "all", "enable.idempotence": False,
-        "linger.ms": 5, "on_delivery": billing_delivered,
-        "throttle_cb": lambda event: billing_throttles.append(event.throttle_time),
-    })
+    billing_producer = librdkafka_producer(p.bootstrap, billing, billing_delivered, billing_throttles)
     offered_rate = 2 * CONNECTOR_QUOTA
     for task in tasks:
         task.run_in_background()
@@ -414,7 +320,7 @@ def test_custom_limiter_by_dotted_path_and_the_longest_throttle_applies_once(bro
 
     pause_ms, quota = 300, 1000
     calls_file = tmp_path / "pause-calls.jsonl"
-    p = _start_proxy(proxy, broker, [{"client_id": "paused-*", "producer_record_rate": quota}], rate_limiters=[
+    p = start_proxy(proxy, broker, [{"client_id": "paused-*", "producer_record_rate": quota}], rate_limiters=[
         *BUILT_IN,
         {"class": PAUSE_LIMITER, "config": {"client_id": "paused-*", "pause_ms": pause_ms, "calls_file": str(calls_file)}},
     ])
@@ -490,7 +396,7 @@ def test_a_failing_limiter_is_counted_and_logged_and_the_connection_kept(broker,
     from confluent_kafka import Producer
 
     client_id, quota = "beside-a-broken-limiter", 1000
-    p = _start_proxy(proxy, broker, [{"client_id": client_id, "producer_record_rate": quota}],
+    p = start_proxy(proxy, broker, [{"client_id": client_id, "producer_record_rate": quota}],
                      rate_limiters=[*BUILT_IN, BROKEN_LIMITER])
     topic = fresh_topic(broker, "broken")
 

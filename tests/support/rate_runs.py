@@ -8,6 +8,7 @@ acknowledged or delivered, and the rate is measured over a window that leaves ou
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -18,6 +19,9 @@ from tests.support.proxy_process import sum_samples
 from tests.support.tansu import TansuBroker
 
 TOLERANCE = 0.10  # how far a measured rate may be from its bound, either way
+# 2 × 1 s quota windows: a greedy client's slack is one window of quota, not eleven.
+WINDOWS = {"quota_window_num": 2, "quota_window_size_seconds": 1}
+WARMUP_S = 2.0  # left out of every measurement: the first burst
 
 
 @pytest.fixture(scope="module")
@@ -27,6 +31,14 @@ def broker() -> Iterator[TansuBroker]:
     A test module takes it in as ``broker = rate_runs.broker``."""
     with TansuBroker() as b:
         yield b
+
+
+def start_proxy(proxy, broker: TansuBroker, quotas: list[dict], rate_limiters: list | None = None):
+    """The proxy (the ``proxy`` fixture) in front of ``broker`` with :data:`WINDOWS` and ``quotas``."""
+    extra = {"quota_windows": dict(WINDOWS), "quotas": quotas}
+    if rate_limiters is not None:
+        extra["rate_limiters"] = rate_limiters
+    return proxy([broker.bootstrap], extra_config=extra)
 
 
 def fresh_topic(broker: TansuBroker, prefix: str) -> str:
@@ -102,6 +114,19 @@ class Deliveries:
             self.errors.append(err)
 
 
+def librdkafka_producer(bootstrap: str, client_id: str, delivered: Deliveries, throttles_s: list[float],
+                        **settings):
+    """A librdkafka producer (acks=all, not idempotent, linger 5 ms, plus ``settings``) whose
+    delivery reports go to ``delivered`` and whose reported throttle times to ``throttles_s``."""
+    from confluent_kafka import Producer
+
+    return Producer({
+        "bootstrap.servers": bootstrap, "client.id": client_id, "acks": "all", "enable.idempotence": False,
+        "linger.ms": 5, **settings, "on_delivery": delivered,
+        "throttle_cb": lambda event: throttles_s.append(event.throttle_time),
+    })
+
+
 def greedy_librdkafka(producer, topic: str, value: bytes, run_s: float) -> tuple[float, float]:
     """Produces ``value`` to ``topic`` as fast as the librdkafka ``producer`` takes it, for
     ``run_s`` seconds, serving its callbacks as it goes (a full queue is polled 5 ms at a time);
@@ -144,3 +169,85 @@ def fill_topic(broker: TansuBroker, prefix: str, value: bytes, records: int, con
     assert_offsets_contiguous(offsets)
     assert len(offsets) == records
     return topic
+
+
+class GreedyKafkaPython:
+    """A kafka-python producer that always has ``value`` records to send (at most ``backlog``
+    unacknowledged: kafka-python 3.0 has no buffer_memory), for ``run_s`` seconds, in its own
+    thread. Keeps ``acks`` ((instant, 1) per record), ``batch_acks`` (per producer batch: its
+    first record), ``offsets``, ``errors`` and, after :meth:`finish`, ``throttle_max_ms``."""
+
+    def __init__(self, bootstrap: str, client_id: str, topic: str, value: bytes, batch_size: int, run_s: float,
+                 backlog: int = 1000) -> None:
+        from kafka import KafkaProducer
+
+        self.client_id, self.topic, self.value, self.run_s = client_id, topic, value, run_s
+        self.acks: list[tuple[float, int]] = []
+        self.batch_acks: list[tuple[float, int]] = []
+        self.offsets: list[int] = []
+        self.errors: list = []
+        self.throttle_max_ms = 0.0
+        self._backlog = threading.BoundedSemaphore(backlog)
+        self.producer = KafkaProducer(bootstrap_servers=bootstrap, client_id=client_id, acks="all",
+                                      linger_ms=5, batch_size=batch_size)
+        self.start = self.end = 0.0
+        self._thread = threading.Thread(target=self._run, name=f"produce-{client_id}", daemon=True)
+
+    def _on_ack(self, future):
+        def on_ack(metadata):
+            now = time.monotonic()
+            self.acks.append((now, 1))
+            # FutureRecordMetadata.args[0] is the record's index in its producer batch; one batch
+            # is one Produce request to a one-partition topic.
+            if future.args[0] == 0:
+                self.batch_acks.append((now, 1))
+            self.offsets.append(metadata.offset)
+            self._backlog.release()
+        return on_ack
+
+    def _on_error(self, exc):
+        self.errors.append(exc)
+        self._backlog.release()
+
+    def _run(self) -> None:
+        self.start = time.monotonic()
+        self.end = self.start + self.run_s
+        while time.monotonic() < self.end:
+            if not self._backlog.acquire(timeout=0.05):
+                continue
+            future = self.producer.send(self.topic, self.value)
+            future.add_callback(self._on_ack(future)).add_errback(self._on_error)
+
+    def run_in_background(self) -> GreedyKafkaPython:
+        self._thread.start()
+        return self
+
+    def finish(self) -> None:
+        self._thread.join(self.run_s + 30)
+        try:
+            self.producer.flush(30)
+            self.throttle_max_ms = throttle_time_max(self.producer)
+        finally:
+            self.producer.close(10)
+
+    def rate(self, weight: float = 1) -> float:
+        """Records (times ``weight``) per second acknowledged after the warm-up."""
+        return rate_in_window(self.acks, self.start + WARMUP_S, self.end, weight)
+
+    def batch_rate(self) -> float:
+        return rate_in_window(self.batch_acks, self.start + WARMUP_S, self.end)
+
+
+def consume_for(consumer, seconds: float, value: bytes) -> tuple[float, float, list[tuple[float, int]], list[int], float]:
+    """Polls a kafka-python consumer for ``seconds``, each record's value checked against
+    ``value``: (start, end, [(instant, records)], offsets, its throttle-time-max)."""
+    received: list[tuple[float, int]] = []
+    offsets: list[int] = []
+    start = time.monotonic()
+    end = start + seconds
+    while time.monotonic() < end:
+        for records in consumer.poll(timeout_ms=50).values():
+            assert all(r.value == value for r in records)
+            received.append((time.monotonic(), len(records)))
+            offsets.extend(r.offset for r in records)
+    return start, end, received, offsets, throttle_time_max(consumer)
