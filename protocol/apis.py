@@ -82,6 +82,13 @@ def _build_registry() -> dict[int, ApiSpec]:
 
 SPECS: dict[int, ApiSpec] = _build_registry()
 
+# The first flexible version of every known API (2**15, above any int16 version, for an API that
+# never became flexible): one dict lookup on the request path instead of a spec method call.
+FIRST_FLEXIBLE_VERSION: dict[int, int] = {
+    key: 2**15 if spec.first_flexible_version is None else spec.first_flexible_version
+    for key, spec in SPECS.items()
+}
+
 
 def api_name(api_key: int) -> str:
     """Kafka's name for ``api_key`` ("Produce", "Fetch", ...), or ``"Unknown<key>"``."""

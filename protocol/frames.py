@@ -30,13 +30,14 @@ class FrameReader:
     returned as zero-copy ``memoryview`` slices of that chunk, valid until the caller drops it.
     """
 
-    __slots__ = ("max_frame_bytes", "_partial", "_need", "_size_prefix")
+    __slots__ = ("max_frame_bytes", "idle", "_partial", "_need", "_size_prefix")
 
     def __init__(self, max_frame_bytes: int) -> None:
         self.max_frame_bytes = max_frame_bytes
         self._partial: bytearray | None = None  # body of a frame still arriving
         self._need = 0  # bytes still missing from ``_partial``
         self._size_prefix = b""  # a size prefix split across chunks
+        self.idle = True  # nothing buffered: the next chunk starts with a size prefix
 
     @property
     def buffered_bytes(self) -> int:
@@ -51,12 +52,19 @@ class FrameReader:
         Raises :class:`FrameError` for a negative size or one above ``max_frame_bytes``; the
         frames completed before the bad size are on the exception.
         """
+        if self.idle and len(data) >= 4:
+            # The common case, one whole frame per chunk: no loop, one slice.
+            size = _INT32.unpack_from(data)[0]
+            if size == len(data) - 4 and size <= self.max_frame_bytes:
+                return [memoryview(data)[4:]]
         frames: list[memoryview | bytearray] = []
         try:
             self._feed(memoryview(data), frames)
         except FrameError as exc:
             exc.frames = frames
             raise
+        finally:
+            self.idle = self._partial is None and not self._size_prefix
         return frames
 
     def _feed(self, view: memoryview, frames: list) -> None:

@@ -5,11 +5,12 @@ from __future__ import annotations
 from struct import Struct
 from typing import NamedTuple
 
-from .apis import SPECS, ApiKey
+from .apis import FIRST_FLEXIBLE_VERSION, ApiKey
 
 _HEADER_PREFIX = Struct(">hhi")  # api_key, api_version, correlation_id
 _INT16 = Struct(">h")
 _INT32 = Struct(">i")
+_API_VERSIONS = int(ApiKey.API_VERSIONS)
 
 
 class HeaderError(ValueError):
@@ -57,10 +58,10 @@ def skip_tagged_fields(buf, pos: int) -> int:
 
 def request_header_is_flexible(api_key: int, api_version: int) -> bool | None:
     """True for request header v2, False for v1, None when the API is unknown to the proxy."""
-    spec = SPECS.get(api_key)
-    if spec is None:
+    first = FIRST_FLEXIBLE_VERSION.get(api_key)
+    if first is None:
         return None
-    return spec.is_flexible(api_version)
+    return api_version >= first
 
 
 def response_header_is_flexible(api_key: int, api_version: int) -> bool:
@@ -104,17 +105,18 @@ def parse_request_header(frame) -> RequestHeader:
             if len(_client_id_cache) < 10_000:
                 _client_id_cache[raw] = client_id
         pos += id_len
-    flexible = request_header_is_flexible(api_key, api_version)
-    if flexible is None:
+    first_flexible = FIRST_FLEXIBLE_VERSION.get(api_key)
+    if first_flexible is None:
         return RequestHeader(api_key, api_version, correlation_id, client_id, -1)
-    if flexible:
+    if api_version >= first_flexible:
         pos = skip_tagged_fields(frame, pos)
     return RequestHeader(api_key, api_version, correlation_id, client_id, pos)
 
 
 def response_body_offset(frame, api_key: int, api_version: int) -> int:
     """Offset of the body in a response frame (after correlation id and any tagged fields)."""
-    if response_header_is_flexible(api_key, api_version):
+    # ApiVersionsResponse always uses header v0 (KIP-511).
+    if api_key != _API_VERSIONS and api_version >= FIRST_FLEXIBLE_VERSION.get(api_key, 2**15):
         return skip_tagged_fields(frame, 4)
     return 4
 

@@ -6,18 +6,19 @@ import uuid
 from collections.abc import Sequence
 from struct import Struct
 
-from .apis import SPECS, ApiKey
+from .apis import FIRST_FLEXIBLE_VERSION, SPECS, ApiKey
 from .headers import encode_response_header, read_uvarint
 from .messages import encode_body
 
 _INT16 = Struct(">h")
+_FIRST_FLEXIBLE = FIRST_FLEXIBLE_VERSION[ApiKey.PRODUCE]
 
 
 def produce_acks(frame, body_offset: int, api_version: int) -> int:
     """The ``acks`` field of a ProduceRequest whose body starts at ``body_offset``."""
     pos = body_offset
     if api_version >= 3:  # transactional_id comes first
-        if SPECS[ApiKey.PRODUCE].is_flexible(api_version):
+        if api_version >= _FIRST_FLEXIBLE:
             n, pos = read_uvarint(frame, pos)
             pos += max(n - 1, 0)
         else:

@@ -17,7 +17,7 @@ from collections import deque
 from struct import Struct
 from typing import TYPE_CHECKING
 
-from protocol.apis import ApiKey
+from protocol.apis import FIRST_FLEXIBLE_VERSION, ApiKey
 from protocol.frames import FrameError, FrameReader
 from protocol.headers import HeaderError, parse_request_header, response_correlation_id
 from protocol.messages import DecodeError
@@ -25,7 +25,7 @@ from protocol.produce import produce_acks
 from protocol.throttle import with_throttle
 from protocol.scan import ScanError
 
-from .filters.base import Answer, Close, Defer, Forward, Hold
+from .filters.base import UNFILTERED, Answer, Close, Defer, Forward, Hold
 from .flow import ReadGate
 from .principal import ANONYMOUS, SaslError, principal_from_client_token, scram_exchange_complete
 
@@ -35,6 +35,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("proxy.connection")
 
 _INT32 = Struct(">i")
+_RESPONSE_HEAD = Struct(">ii")  # size, correlation_id
+_INT16 = Struct(">h")
+_PRODUCE = int(ApiKey.PRODUCE)
+_PRODUCE_FIRST_FLEXIBLE = FIRST_FLEXIBLE_VERSION[ApiKey.PRODUCE]
 _JOIN_MAX_BYTES = 64 * 1024
 _WRITE_HIGH_BYTES = 1 << 20
 _WRITE_LOW_BYTES = 1 << 18
@@ -98,6 +102,24 @@ class InFlight:
 
 
 
+def _acks_not_zero(data: bytes, pos: int, version: int) -> bool:
+    """Whether a whole, non-flexible Produce frame (with its size prefix), whose body starts at
+    ``pos``, has an acks other than 0. False too when it cannot tell (flexible, too short)."""
+    if version >= _PRODUCE_FIRST_FLEXIBLE:
+        return False  # acks sits behind the header's tagged fields: the general path reads it
+    n = len(data)
+    if version >= 3:  # transactional_id comes first
+        if pos + 2 > n:
+            return False
+        pos += 2 + max(_INT16.unpack_from(data, pos)[0], 0)
+    return pos + 2 <= n and _INT16.unpack_from(data, pos)[0] != 0
+
+
+def _request_head(client_id_len: int) -> Struct:
+    """size, api_key, api_version, correlation_id, client_id length and client_id bytes."""
+    return Struct(f">ihhih{max(client_id_len, 0)}s")
+
+
 def _tune(transport: asyncio.Transport) -> None:
     """Small requests go out at once; a whole large fetch response may sit in the write buffer
     before the other side is paused (the default 64 KiB high-water mark would pause and resume
@@ -127,7 +149,8 @@ class ClientConnection(asyncio.Protocol):
         "server", "cluster", "stats", "chain", "node_id", "session", "label", "transport",
         "upstream", "_reader", "_pending", "_awaiting_upstream", "_unsent", "_closed",
         "_raw_sasl_frames", "_close_when_drained", "gate", "_connect_task", "_muted_until", "_unmute",
-        "_deferred", "_held", "_held_error", "_acks0", "uplift", "_holding", "usage",
+        "_deferred", "_held", "_held_error", "_acks0", "uplift", "_holding", "usage", "_client_id_len",
+        "_client_id_raw", "_head",
     )
 
     def __init__(self, server: ProxyServer, node_id: int | None) -> None:
@@ -160,6 +183,12 @@ class ClientConnection(asyncio.Protocol):
         self.uplift: dict[int, int] | None = None
         self._holding: set[asyncio.Task] = set()  # responses a filter is holding (Hold)
         self.usage = server.usage  # proxy.usage_log.UsageLog, or None when off
+        # The client_id of the last request parsed in full (its length, -1 for null, and bytes)
+        # and a struct reading a request's first bytes up to the end of such a client_id: a
+        # request that repeats it needs no header parse to know who sent it.
+        self._client_id_len = -2
+        self._client_id_raw = b""
+        self._head: Struct | None = None
 
     # -- client side ------------------------------------------------------------------------
 
@@ -174,7 +203,30 @@ class ClientConnection(asyncio.Protocol):
         self._connect_task = asyncio.get_running_loop().create_task(self._connect_upstream())
 
     def data_received(self, data: bytes) -> None:
-        self.stats.bytes_client_to_upstream += len(data)
+        n = len(data)
+        self.stats.bytes_client_to_upstream += n
+        head = self._head
+        if (head is not None and n >= head.size and self._reader.idle and self._deferred is None
+                and not self._raw_sasl_frames and type(data) is bytes):
+            # The hot path: exactly one request, of a known API, from the client id of the last
+            # request parsed in full, at a version no filter looks at, and not an acks=0
+            # Produce. The very bytes that came in go upstream first; the bookkeeping follows.
+            size, key, version, correlation_id, id_len, client_id = head.unpack_from(data)
+            known = self.chain.request.get(key)  # None: an unknown API, counted on the general path
+            up = self.upstream
+            if (size == n - 4 and known is not None and 0 <= version < known[0]
+                    and id_len == self._client_id_len and client_id == self._client_id_raw
+                    and size <= self._reader.max_frame_bytes and up is not None and up.transport is not None
+                    and not self._closed and (key != _PRODUCE or _acks_not_zero(data, head.size, version))):
+                received_at = time.monotonic()
+                up.transport.write(data)
+                entry = InFlight(correlation_id, key, version, received_at, size)
+                self._pending.append(entry)
+                self._awaiting_upstream.append(entry)
+                if self.usage is not None:
+                    entry.forwarded_at = received_at
+                self.stats.requests[(key, version)] += 1
+                return
         bad_frame: FrameError | None = None
         try:
             frames = self._reader.feed(data)
@@ -200,7 +252,10 @@ class ClientConnection(asyncio.Protocol):
             if self._raw_sasl_frames:
                 self._forward_raw_sasl(frame, out)
                 continue
-            if not self._guarded(self._on_request, frame, out):
+            try:
+                self._on_request(frame, out)
+            except Exception as exc:
+                self._request_failed(exc)
                 return
         if out:
             self._send_upstream(out)
@@ -210,28 +265,43 @@ class ClientConnection(asyncio.Protocol):
     def _on_request(self, frame, out: list) -> None:
         header = parse_request_header(frame)
         key = header.api_key
-        self.stats.requests[(key, header.api_version)] += 1
-        self.session.client_id = header.client_id
+        stats = self.stats
+        stats.requests[(key, header.api_version)] += 1
         if header.body_offset < 0:
-            self.stats.unknown_api_requests += 1
+            stats.unknown_api_requests += 1
+        self.session.client_id = header.client_id
+        id_len = _INT16.unpack_from(frame, 8)[0]
+        if id_len != self._client_id_len:
+            self._head = _request_head(id_len)
+            self._client_id_len = id_len
+        self._client_id_raw = bytes(frame[10 : 10 + max(id_len, 0)])
         entry = InFlight(header.correlation_id, key, header.api_version, time.monotonic(), len(frame))
-        self._apply_filters(header, frame, entry, self.chain.request_filters(key), out)
+        chain = self.chain
+        since, filters = chain.request.get(key, chain.request_all)
+        if header.api_version >= since:
+            self._apply_filters(header, frame, entry, filters, out)
+        else:
+            self._forward(header, frame, entry, out)
+
+    def _request_failed(self, exc: Exception) -> None:
+        """A request-side step raised: this connection is closed, with the reason counted."""
+        if isinstance(exc, HeaderError):
+            self._reject("bad_header", str(exc))
+        elif isinstance(exc, (DecodeError, ScanError)):
+            self.stats.decode_failures += 1
+            self._reject("undecodable", str(exc))
+        else:
+            log.error("request filter failed on %s; closing it", self.label, exc_info=exc)
+            self._reject("filter_error", "filter raised")
 
     def _guarded(self, call, *args) -> bool:
         """Runs a request-side step; a failure closes this connection only. False if it closed."""
         try:
             call(*args)
-        except HeaderError as exc:
-            self._reject("bad_header", str(exc))
-        except (DecodeError, ScanError) as exc:
-            self.stats.decode_failures += 1
-            self._reject("undecodable", str(exc))
-        except Exception:
-            log.exception("request filter failed on %s; closing it", self.label)
-            self._reject("filter_error", "filter raised")
-        else:
-            return True
-        return False
+        except Exception as exc:
+            self._request_failed(exc)
+            return False
+        return True
 
     def _apply_filters(self, header, frame, entry: InFlight, filters, out: list) -> None:
         for i, f in enumerate(filters):
@@ -413,30 +483,66 @@ class ClientConnection(asyncio.Protocol):
         self._close()
 
     def on_upstream_frame(self, frame) -> None:
+        awaiting = self._awaiting_upstream
         if self._acks0 and len(frame) >= 4:
             # Kafka never answers acks=0, but some brokers (Tansu 0.6) do: the client expects
             # nothing, so the answer is dropped rather than taken for another request's.
             corr = response_correlation_id(frame)
-            awaiting = self._awaiting_upstream
             if corr in self._acks0 and (not awaiting or awaiting[0].correlation_id != corr):
                 self._acks0.remove(corr)
                 return
-        if not self._awaiting_upstream:
+        if not awaiting:
             self._upstream_failed(f"unsolicited response of {len(frame)} bytes")
             return
-        entry = self._awaiting_upstream.popleft()
+        entry = awaiting.popleft()
         if entry.forwarded_at:
             entry.upstream_ms = (time.monotonic() - entry.forwarded_at) * 1000
         if entry.raw:
             self._on_raw_sasl_response(frame)
-        else:
-            corr = response_correlation_id(frame)
-            if corr != entry.correlation_id:
-                self._upstream_failed(f"correlation id {corr}, expected {entry.correlation_id}")
-                return
-            self._respond(entry, frame, self.chain.response.get(entry.api_key, ()))
+            self._complete(entry, frame)
             return
-        self._complete(entry, frame)
+        corr = response_correlation_id(frame)
+        if corr != entry.correlation_id:
+            self._upstream_failed(f"correlation id {corr}, expected {entry.correlation_id}")
+            return
+        since, filters = self.chain.response.get(entry.api_key, UNFILTERED)
+        if entry.api_version >= since or entry.on_response is not None or entry.throttle_ms:
+            self._respond(entry, frame, filters)
+        else:
+            self._complete(entry, frame)
+
+    def on_whole_response(self, data: bytes) -> bool:
+        """The hot path for a chunk from the broker that is exactly the response to the oldest
+        request forwarded (not a raw SASL token). When no filter looks at it, no quota
+        throttled it and the client is owed nothing before it, it goes back as the very bytes
+        that came in; otherwise it goes through the response filters as
+        :meth:`on_upstream_frame` would. False, with nothing done, for any other chunk."""
+        n = len(data)
+        awaiting = self._awaiting_upstream
+        # An answer to an acks=0 Produce (see on_upstream_frame) never matches awaiting[0].
+        if n < 8 or not awaiting or self._closed or type(data) is not bytes:
+            return False
+        size, correlation_id = _RESPONSE_HEAD.unpack_from(data)
+        entry = awaiting[0]
+        if size != n - 4 or correlation_id != entry.correlation_id or entry.raw:
+            return False
+        if entry.forwarded_at:
+            entry.upstream_ms = (time.monotonic() - entry.forwarded_at) * 1000
+        since, filters = self.chain.response.get(entry.api_key, UNFILTERED)
+        pending = self._pending
+        # Written at once only if it is the client's next answer and no answer waits behind it.
+        if (entry.api_version < since and not entry.throttle_ms and entry.on_response is None
+                and pending[0] is entry and (len(pending) == 1 or pending[1].response is None)
+                and not self._close_when_drained):
+            self.transport.write(data)
+            awaiting.popleft()
+            pending.popleft()
+            self._sent(entry, size)
+        else:
+            awaiting.popleft()
+            # A small frame is copied (bytes are cheaper for filters to slice than a view).
+            self._respond(entry, data[4:] if n <= _JOIN_MAX_BYTES else memoryview(data)[4:], filters)
+        return True
 
     def _respond(self, entry: InFlight, frame, filters) -> None:
         """Runs the response filters, then completes the entry; a filter may hold it (Hold)."""
@@ -472,22 +578,31 @@ class ClientConnection(asyncio.Protocol):
         entry.response = frame
         pending = self._pending
         transport = self.transport
-        usage = self.usage
         while pending and pending[0].response is not None:
             done = pending.popleft()
             data = done.response
             done.response = None
-            if usage is not None and not done.raw:
-                self._count_usage(done, len(data))
-            self.stats.bytes_upstream_to_client += len(data) + 4
-            self.stats.responses[(done.api_key, done.api_version)] += 1
-            self.stats.latency[done.api_key].observe(time.monotonic() - done.received_at)
+            size = len(data)
             if transport is not None and not self._closed:
-                _write(transport, (_INT32.pack(len(data)), data))
+                if size <= _JOIN_MAX_BYTES:
+                    transport.write(_INT32.pack(size) + data)  # one small copy, one send
+                else:
+                    transport.writelines((_INT32.pack(size), data))
                 if done.throttle_ms:
                     self.mute(done.throttle_ms)  # KIP-219: answer at once, then stop reading
+            self._sent(done, size)
         if self._close_when_drained and not pending:
             self._close()
+
+    def _sent(self, done: InFlight, size: int) -> None:
+        """Counts a response of ``size`` bytes (without its size prefix) once it is written:
+        after the write, so the client need not wait for the counting."""
+        stats = self.stats
+        stats.bytes_upstream_to_client += size + 4
+        stats.responses[(done.api_key, done.api_version)] += 1
+        stats.latency[done.api_key].observe(time.monotonic() - done.received_at)
+        if self.usage is not None and not done.raw:
+            self._count_usage(done, size)
 
     def _count_usage(self, entry: InFlight, response_bytes: int) -> None:
         session = self.session
@@ -572,6 +687,12 @@ class UpstreamConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         client = self.client
         try:
+            if self._reader.idle and client.on_whole_response(data):
+                return
+        except Exception as exc:
+            self._response_failed(exc)
+            return
+        try:
             frames = self._reader.feed(data)
         except FrameError as exc:
             client._upstream_failed(str(exc))
@@ -581,14 +702,19 @@ class UpstreamConnection(asyncio.Protocol):
                 return
             try:
                 client.on_upstream_frame(frame)
-            except (DecodeError, ScanError, HeaderError) as exc:
-                client.stats.decode_failures += 1
-                client._upstream_failed(f"undecodable response: {exc}")
+            except Exception as exc:
+                self._response_failed(exc)
                 return
-            except Exception:
-                log.exception("response filter failed for %s; closing it", client.label)
-                client._close()
-                return
+
+    def _response_failed(self, exc: Exception) -> None:
+        """A response filter raised: the client's connection is closed, with the reason counted."""
+        client = self.client
+        if isinstance(exc, (DecodeError, ScanError, HeaderError)):
+            client.stats.decode_failures += 1
+            client._upstream_failed(f"undecodable response: {exc}")
+        else:
+            log.error("response filter failed for %s; closing it", client.label, exc_info=exc)
+            client._close()
 
     def pause_writing(self) -> None:  # the broker reads slower than the client sends
         self.client.gate.pause("backpressure")

@@ -207,6 +207,7 @@ class ProxyServer:
         self.limiters = limiters
         self.limiter_filter.set_limiters(limiters)
         self.producer_id_filter.reaction = live.producer_id_quota.reaction
+        self.chain.refresh()  # filters idle before may have work now, and the other way round
         self.config = live
         if config != live:
             log.warning("reload applied quotas, rate_limiters and producer_id_quota.reaction; "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from protocol import rewrite
 from protocol.apis import SPECS, ApiKey
-from protocol.headers import encode_response_header, response_body_offset
+from protocol.headers import encode_response_header
 from protocol.messages import decode_response, encode_body
 
 from .base import Answer
@@ -40,10 +40,12 @@ class ApiVersionsFilter:
     def __init__(self, caps: dict[int, int | None] | None = None, uplift: bool = False) -> None:
         self.caps = default_caps() if caps is None else caps
         self.max_version = SPECS[ApiKey.API_VERSIONS].max_version
+        self.request_since = {ApiKey.API_VERSIONS: self.max_version + 1}  # only unknown versions are answered
         self.uplift = uplift  # KIP-951: offer Produce v10 / Fetch v16 over v9 / v15 brokers
         # A broker answers ApiVersions with the same body every time: rewrite each body once
         # (with the versions this connection's requests must go up as, see UpliftFilter).
         self._rewritten: dict[tuple[int, bytes], tuple[bytes, dict[int, int]]] = {}
+        self._last: tuple[int, bytes, tuple[bytes, dict[int, int]]] | None = None  # skips hashing the body
 
     def on_request(self, conn, header, frame, entry):
         if header.api_version > self.max_version:
@@ -54,16 +56,21 @@ class ApiVersionsFilter:
         return None
 
     def on_response(self, conn, entry, frame):
-        offset = response_body_offset(frame, entry.api_key, entry.api_version)
-        key = (entry.api_version, bytes(frame[offset:]))
-        done = self._rewritten.get(key)
-        if done is None:
-            resp = decode_response(entry.api_key, entry.api_version, key[1])
-            done = (key[1], {}) if resp.error_code != 0 else self._capped(resp)
-            if len(self._rewritten) < 64:  # a handful of brokers x versions
-                self._rewritten[key] = done
+        # The ApiVersions response header is always v0 (KIP-511): the body starts at byte 4.
+        version, raw = entry.api_version, bytes(frame[4:])
+        last = self._last
+        if last is not None and last[0] == version and last[1] == raw:
+            done = last[2]
+        else:
+            done = self._rewritten.get((version, raw))
+            if done is None:
+                resp = decode_response(entry.api_key, version, raw)
+                done = (raw, {}) if resp.error_code != 0 else self._capped(resp)
+                if len(self._rewritten) < 64:  # a handful of brokers x versions
+                    self._rewritten[(version, raw)] = done
+            self._last = (version, raw, done)
         body, conn.uplift = done
-        return bytes(frame[:offset]) + body
+        return bytes(frame[:4]) + body
 
     def _capped(self, resp) -> tuple[bytes, dict[int, int]]:
         broker_max = {e.api_key: e.max_version for e in resp.api_keys}

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from protocol.apis import SPECS
 from protocol.headers import RequestHeader
 
 if TYPE_CHECKING:
@@ -66,24 +67,60 @@ class ResponseFilter(Protocol):
     def on_response(self, conn: ClientConnection, entry: InFlight, frame): ...
 
 
+_NEVER = 2**15  # above any int16 version
+UNFILTERED = (_NEVER, ())  # a FilterChain entry: no filter looks at any version
+
+
 class FilterChain:
-    """Filters indexed by API key, so an API nobody filters costs one dict miss."""
+    """Filters indexed by API key, so an API nobody filters costs one dict miss.
+
+    ``request`` and ``response`` map an API key to ``(since, filters)``: a frame whose version
+    is below ``since`` skips its filters. ``request`` has an entry for every API the proxy
+    knows (``protocol.apis.SPECS``), so a miss there means an unknown API. A filter may declare ``request_since`` /
+    ``response_since`` ({api key: first version}): it guarantees to do nothing for lower
+    versions, which lets the connection forward them untouched. A filter whose ``idle``
+    attribute is true has nothing to do under the configuration in force (no quota, no limiter)
+    and is left out until :meth:`refresh` finds it busy: the proxy calls ``refresh`` whenever a
+    reload changes what the filters enforce.
+    """
 
     def __init__(self, request_filters: Iterable[RequestFilter], response_filters: Iterable[ResponseFilter]):
-        self.request: dict[int, tuple[RequestFilter, ...]] = {}
-        self.request_all: tuple[RequestFilter, ...] = ()
-        self.response: dict[int, tuple[ResponseFilter, ...]] = {}
-        for f in request_filters:
+        self._request_filters = tuple(request_filters)
+        self._response_filters = tuple(response_filters)
+        self.request: dict[int, tuple[int, tuple[RequestFilter, ...]]] = {}
+        self.request_all: tuple[int, tuple[RequestFilter, ...]] = UNFILTERED
+        self.response: dict[int, tuple[int, tuple[ResponseFilter, ...]]] = {}
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Rebuilds the per-API entries from the filters that are not idle now."""
+        every: list[RequestFilter] = []
+        request: dict[int, list[tuple[int, RequestFilter]]] = {key: [] for key in SPECS}
+        for f in self._request_filters:
+            if getattr(f, "idle", False):
+                continue
             if f.api_keys is None:
-                self.request_all += (f,)
-                for key in self.request:
-                    self.request[key] += (f,)
+                every.append(f)
+                for key in request:
+                    request[key].append((0, f))
             else:
+                since = getattr(f, "request_since", {})
                 for key in f.api_keys:
-                    self.request[key] = self.request.get(key, self.request_all) + (f,)
-        for f in response_filters:
+                    request.setdefault(key, [(0, g) for g in every]).append((since.get(key, 0), f))
+        response: dict[int, list[tuple[int, ResponseFilter]]] = {}
+        for f in self._response_filters:
+            if getattr(f, "idle", False):
+                continue
+            since = getattr(f, "response_since", {})
             for key in getattr(f, "response_api_keys", f.api_keys):
-                self.response[key] = self.response.get(key, ()) + (f,)
+                response.setdefault(key, []).append((since.get(key, 0), f))
+        self.request = {key: _entry(fs) for key, fs in request.items()}  # every known API
+        self.request_all = (0, tuple(every)) if every else UNFILTERED
+        self.response = {key: _entry(fs) for key, fs in response.items()}
 
     def request_filters(self, api_key: int) -> tuple[RequestFilter, ...]:
-        return self.request.get(api_key, self.request_all)
+        return self.request.get(api_key, self.request_all)[1]
+
+
+def _entry(filters: list[tuple[int, object]]) -> tuple[int, tuple]:
+    return (min(since for since, _ in filters), tuple(f for _, f in filters)) if filters else UNFILTERED

@@ -19,14 +19,15 @@ class EndpointRewriteFilter:
     """Rewrites Metadata, FindCoordinator, DescribeCluster, and Produce/Fetch NodeEndpoints."""
 
     api_keys = frozenset(rewrite.ENDPOINT_REWRITERS)
+    response_since = _NODE_ENDPOINTS_SINCE  # Produce / Fetch carry no endpoints before these
 
     def on_response(self, conn, entry, frame):
         key, version = entry.api_key, entry.api_version
         since = _NODE_ENDPOINTS_SINCE.get(key)
+        if since is not None and version < since:
+            return frame
         offset = response_body_offset(frame, key, version)
         if since is not None:
-            if version < since:
-                return frame
             # Hot path: walk the body without copying records (once: the leader filter may have
             # walked this very frame already); decode only to rewrite endpoints.
             scan = entry.scan or _SCANNERS[key](memoryview(frame)[offset:], version)

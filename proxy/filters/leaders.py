@@ -39,6 +39,7 @@ _MOVED = frozenset({errors.NOT_LEADER_OR_FOLLOWER, errors.FENCED_LEADER_EPOCH})
 class LeaderHintFilter:
     api_keys = frozenset()
     response_api_keys = frozenset(HINTS_SINCE)
+    response_since = HINTS_SINCE
 
     def __init__(self, cache: LeaderCache, refresher: ExpeditedRefresher | None, fill: bool = True,
                  wait_s: float = 0.0) -> None:
@@ -153,6 +154,7 @@ class UpliftFilter:
     """Sends Produce v10 / Fetch v16 to a broker that only has v9 / v15 (see the module doc)."""
 
     api_keys = frozenset(UPLIFT_FROM)
+    request_since = {key: lower + 1 for key, lower in UPLIFT_FROM.items()}  # only these go up
 
     def on_request(self, conn, header, frame, entry):
         lower = conn.uplift.get(header.api_key) if conn.uplift else None

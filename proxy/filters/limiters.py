@@ -17,8 +17,8 @@ log = logging.getLogger("proxy.limiters")
 
 
 class RateLimiterFilter:
-    api_keys = None  # narrowed per request by what the limiters asked for
-    response_api_keys = frozenset({ApiKey.FETCH})
+    """Shown the requests (and Fetch responses) some limiter asked for; ``api_keys`` and
+    ``response_api_keys`` follow the limiters as (re)configured."""
 
     def __init__(self, limiters: Sequence[RateLimiter], clock=now_ms) -> None:
         self.clock = clock
@@ -35,6 +35,13 @@ class RateLimiterFilter:
                 by_key.setdefault(key, []).append(lim)
         self._by_key = {key: tuple(lims) + self._all_apis for key, lims in by_key.items()}
         self._on_fetch = tuple(lim for lim in self.limiters if lim.fetch_responses)
+        self.api_keys: frozenset[int] | None = None if self._all_apis else frozenset(self._by_key)
+        self.response_api_keys = frozenset({ApiKey.FETCH}) if self._on_fetch else frozenset()
+
+    @property
+    def idle(self) -> bool:
+        """No limiter wants to see anything (see FilterChain)."""
+        return not (self._all_apis or self._by_key or self._on_fetch)
 
     def on_request(self, conn, header, frame, entry):
         key = header.api_key

@@ -32,6 +32,11 @@ class ProducerIdQuotaFilter:
         self.clock = clock
         self.delayed_total = 0  # requests held by the delay reaction
 
+    @property
+    def idle(self) -> bool:
+        """No producer_ids_rate quota (see FilterChain)."""
+        return not self.manager.active
+
     def on_request(self, conn, header, frame, entry):
         manager = self.manager
         if not manager.active:

@@ -26,6 +26,11 @@ class RateQuotaFilter:
         self.max_value_window_s = max_value_window_s  # (quota_window_num - 1) x window size
         self.clock = clock
 
+    @property
+    def idle(self) -> bool:
+        """No quota entry at all: nothing to record or check (see FilterChain)."""
+        return not self.manager.rules
+
     def on_request(self, conn, header, frame, entry):
         manager = self.manager
         if not manager.rules:

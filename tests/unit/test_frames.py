@@ -198,3 +198,33 @@ def test_zero_length_frames():
     for b in frame(b"") + frame(b"q"):
         out.extend(bytes(f) for f in reader.feed(bytes([b])))
     assert out == [b"", b"q"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(payloads=payloads_st, data=st.data())
+def test_idle_is_true_exactly_when_nothing_is_buffered(payloads, data):
+    stream = _stream(payloads)
+    cuts = data.draw(st.lists(st.integers(0, len(stream)), max_size=8))
+    reader = FrameReader(MAX)
+    assert reader.idle
+    start = 0
+    for cut in [*sorted(set(cuts)), len(stream)]:
+        reader.feed(stream[start:cut])
+        assert reader.idle == (reader.buffered_bytes == 0)
+        start = cut
+    assert reader.idle
+
+
+def test_a_chunk_of_exactly_one_frame_is_that_frame_without_a_copy():
+    chunk = frame(b"hello")
+    (f,) = FrameReader(MAX).feed(chunk)
+    assert isinstance(f, memoryview) and f.obj is chunk and bytes(f) == b"hello"
+
+
+def test_a_whole_frame_after_a_partial_one_is_not_mistaken_for_a_single_frame():
+    reader = FrameReader(MAX)
+    assert reader.feed(frame(b"abcdef")[:3]) == []
+    assert not reader.idle
+    rest = frame(b"abcdef")[3:] + frame(b"xy")
+    assert [bytes(f) for f in reader.feed(rest)] == [b"abcdef", b"xy"]
+    assert reader.idle

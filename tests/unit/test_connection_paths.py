@@ -1,0 +1,358 @@
+"""The connection's hot paths give exactly what the general path gives.
+
+A request that is one whole chunk, from the client id already seen, at a version no filter looks
+at, is forwarded as the very bytes that came in, and its response goes back the same way. These
+tests drive a ClientConnection and its UpstreamConnection in process, with transports that
+record what is written (no sockets: the point is which path each frame takes and that the
+bytes, order and counts are the same whatever the chunking). The broker is played by the test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+
+import pytest
+from kafka.protocol.consumer import ListOffsetsRequest, ListOffsetsResponse
+from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse
+from kafka.protocol.producer import ProduceRequest
+
+from config import parse_config
+from protocol.apis import SPECS, ApiKey
+from protocol.frames import FrameReader
+from proxy.connection import ClientConnection, UpstreamConnection
+from proxy.filters.base import FilterChain
+from proxy.server import ProxyServer
+
+BASE = {
+    "upstream": {"bootstrap_servers": ["127.0.0.1:1"]},
+    "listen": {"bootstrap_port": 0, "broker_port_base": 0},
+    "metrics": {"enabled": False},
+}
+
+
+class Wire:
+    """A transport that keeps every object written to it."""
+
+    def __init__(self) -> None:
+        self.writes: list = []
+        self.paused = False
+        self.closed = False
+
+    def write(self, data) -> None:
+        self.writes.append(data)
+
+    def writelines(self, buffers) -> None:
+        self.writes.append(b"".join(bytes(b) for b in buffers))
+
+    def get_extra_info(self, name):
+        return ("127.0.0.1", 40000) if name == "peername" else None
+
+    def set_write_buffer_limits(self, **_) -> None:
+        pass
+
+    def pause_reading(self) -> None:
+        self.paused = True
+
+    def resume_reading(self) -> None:
+        self.paused = False
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def bytes(self) -> bytes:
+        return b"".join(bytes(w) for w in self.writes)
+
+
+class Pair:
+    """A client connection whose broker connection is already up (as _connect_upstream leaves it)."""
+
+    def __init__(self, raw: dict | None = None) -> None:
+        self.server = ProxyServer(parse_config(raw or BASE))
+        self.conn = ClientConnection(self.server, None)
+        self.client = Wire()
+        self.conn.connection_made(self.client)
+        self.conn._connect_task.cancel()
+        self.up = UpstreamConnection(self.conn)
+        self.broker = Wire()
+        self.up.connection_made(self.broker)
+        self.conn.upstream = self.up
+
+    def requests_seen_by_broker(self) -> list[bytes]:
+        return [bytes(f) for f in FrameReader(1 << 30).feed(self.broker.bytes())]
+
+
+def request(req, correlation_id: int, client_id: str | None) -> bytes:
+    req.with_header(correlation_id=correlation_id, client_id=client_id)
+    return bytes(req.encode(header=True, framed=True))
+
+
+def produce(version: int, acks: int, correlation_id: int, client_id: str | None, transactional_id=None) -> bytes:
+    R = ProduceRequest[version]
+    fields = {"acks": acks, "timeout_ms": 1000, "topic_data": []}
+    if version >= 3:
+        fields["transactional_id"] = transactional_id
+    return request(R(**fields), correlation_id, client_id)
+
+
+def list_offsets(correlation_id: int, client_id: str | None) -> bytes:
+    return request(ListOffsetsRequest[1](replica_id=-1, topics=[]), correlation_id, client_id)
+
+
+def api_versions(version: int, correlation_id: int, client_id: str | None) -> bytes:
+    if version >= 3:
+        return request(ApiVersionsRequest[version](client_software_name="t", client_software_version="1"),
+                       correlation_id, client_id)
+    return request(ApiVersionsRequest[version](), correlation_id, client_id)
+
+
+def raw_request(api_key: int, version: int, correlation_id: int, client_id: bytes | None, tail: bytes = b"") -> bytes:
+    id_field = struct.pack(">h", -1) if client_id is None else struct.pack(">h", len(client_id)) + client_id
+    body = struct.pack(">hhi", api_key, version, correlation_id) + id_field + tail
+    return struct.pack(">i", len(body)) + body
+
+
+API_VERSIONS_BODY = bytes(ApiVersionsResponse[3](
+    error_code=0, throttle_time_ms=0,
+    api_keys=[ApiVersionsResponse[3].ApiVersion(api_key=k, min_version=0, max_version=SPECS[k].max_version)
+              for k in (0, 1, 2, 3, 12, 18)],
+).encode())
+
+
+def answer(frame: bytes) -> bytes | None:
+    """The broker's response to one request frame (no size prefix); None for acks=0."""
+    key, version, correlation_id = struct.unpack_from(">hhi", frame)
+    if key == ApiKey.PRODUCE and _acks(frame, version) == 0:
+        return None
+    body = API_VERSIONS_BODY if key == ApiKey.API_VERSIONS else b"body-%d" % correlation_id
+    payload = struct.pack(">i", correlation_id) + body
+    return struct.pack(">i", len(payload)) + payload
+
+
+def _acks(frame: bytes, version: int) -> int:
+    (id_len,) = struct.unpack_from(">h", frame, 8)
+    pos = 10 + max(id_len, 0)
+    if version >= 9:
+        pos += 1  # empty header tagged fields
+        n = frame[pos]
+        pos += 1 + max(n - 1, 0)  # compact nullable string
+    elif version >= 3:
+        (n,) = struct.unpack_from(">h", frame, pos)
+        pos += 2 + max(n, 0)
+    return struct.unpack_from(">h", frame, pos)[0]
+
+
+def scenario() -> list[bytes]:
+    """Requests a client might send, every path represented."""
+    return [
+        api_versions(3, 1, "app"),  # first request: parsed in full
+        list_offsets(2, "app"),  # hot path
+        produce(8, 1, 3, "app"),  # hot path (acks read from the frame)
+        produce(8, 0, 4, "app"),  # acks=0: general path, never answered
+        produce(3, -1, 5, "app", transactional_id="tx-1"),  # hot path past a transactional id
+        produce(2, 0, 6, "app"),  # acks=0 before transactional ids existed
+        produce(9, 1, 7, "app"),  # flexible header: general path
+        raw_request(ApiKey.API_VERSIONS, 99, 8, b"app", b"\x00"),  # answered by the proxy itself
+        list_offsets(9, "app"),  # hot path, its answer must wait behind the broker's to 7
+        raw_request(999, 0, 10, b"app"),  # unknown API: forwarded, counted as unknown
+        list_offsets(11, "other"),  # another client id: parsed in full
+        list_offsets(12, "other"),  # hot path again
+        list_offsets(13, "otter"),  # same length, another id: parsed in full
+        list_offsets(14, None),  # null client id
+        list_offsets(15, None),
+        api_versions(3, 16, None),
+        list_offsets(17, None),  # hot path, with the proxy's own answer to 18 waiting behind it
+        raw_request(ApiKey.API_VERSIONS, 99, 18, None, b"\x00"),
+    ]
+
+
+def run(chunks_of, requests: list[bytes], ping_pong: bool) -> tuple[Pair, list]:
+    """Feeds the requests (chunked by ``chunks_of``) and the broker's answers; returns the pair
+    and the client id the session held after each request chunk."""
+    async def go():
+        pair = Pair()
+        seen_ids = []
+        answered = 0
+
+        def answer_new() -> None:
+            nonlocal answered
+            frames = pair.requests_seen_by_broker()
+            for frame in frames[answered:]:
+                response = answer(frame)
+                if response is not None:
+                    for chunk in chunks_of(response):
+                        pair.up.data_received(chunk)
+            answered = len(frames)
+
+        for chunk in chunks_of(b"".join(requests)) if not ping_pong else [c for r in requests for c in chunks_of(r)]:
+            pair.conn.data_received(chunk)
+            seen_ids.append(pair.conn.session.client_id)
+            if ping_pong:
+                answer_new()
+        answer_new()
+        return pair, seen_ids
+
+    return asyncio.run(go())
+
+
+def whole(data: bytes) -> list[bytes]:
+    """Frame by frame, each frame its own chunk (what the hot paths see)."""
+    return [bytes(f) for f in _frames_with_prefix(data)]
+
+
+def _frames_with_prefix(data: bytes):
+    pos = 0
+    while pos < len(data):
+        (size,) = struct.unpack_from(">i", data, pos)
+        yield data[pos : pos + 4 + size]
+        pos += 4 + size
+
+
+def one_chunk(data: bytes) -> list[bytes]:
+    return [data]
+
+
+def byte_by_byte(data: bytes) -> list[bytes]:
+    return [data[i : i + 1] for i in range(len(data))]
+
+
+def outcome(pair: Pair) -> dict:
+    s = pair.server.stats
+    return {
+        "to_broker": pair.broker.bytes(),
+        "to_client": pair.client.bytes(),
+        "requests": dict(s.requests),
+        "responses": dict(s.responses),
+        "unknown": s.unknown_api_requests,
+        "bytes": (s.bytes_client_to_upstream, s.bytes_upstream_to_client),
+        "latency_counts": {k: sum(h.counts) for k, h in s.latency.items()},
+        "owed": len(pair.conn._pending),
+        "closed": pair.client.closed,
+    }
+
+
+@pytest.mark.parametrize("ping_pong", [True, False], ids=["ping-pong", "pipelined"])
+def test_every_chunking_gives_the_same_bytes_order_and_counts(ping_pong):
+    requests = scenario()
+    fast, _ = run(whole, requests, ping_pong)
+    reference = outcome(fast)
+    assert not reference["closed"] and reference["owed"] == 0
+    for chunking in (one_chunk, byte_by_byte):
+        assert outcome(run(chunking, requests, ping_pong)[0]) == reference, chunking.__name__
+
+
+def test_responses_reach_the_client_in_request_order_with_every_answer():
+    pair, _ = run(whole, scenario(), ping_pong=False)
+    got = [struct.unpack_from(">i", f)[0] for f in FrameReader(1 << 30).feed(pair.client.bytes())]
+    assert got == [1, 2, 3, 5, *range(7, 19)]  # 4 and 6 were acks=0
+
+
+def test_the_client_id_is_always_the_one_of_the_last_request():
+    requests = scenario()
+    _, ids = run(whole, requests, ping_pong=True)
+    expected = ["app"] * 10 + ["other", "other", "otter"] + [None] * 5
+    assert ids == expected
+
+
+def test_hot_paths_forward_the_very_bytes_that_came_in():
+    async def go():
+        pair = Pair()
+        first, second = list_offsets(1, "app"), list_offsets(2, "app")
+        pair.conn.data_received(first)
+        pair.conn.data_received(second)
+        assert pair.broker.writes[-1] is second  # not parsed, not copied
+        assert pair.broker.writes[0] is not first  # the first request is parsed in full
+        r1, r2 = answer(first[4:]), answer(second[4:])
+        pair.up.data_received(r1)
+        pair.up.data_received(r2)
+        assert pair.client.writes == [r1, r2] and pair.client.writes[0] is r1 and pair.client.writes[1] is r2
+        assert pair.conn.session.client_id == "app"
+
+    asyncio.run(go())
+
+
+def test_an_answer_waiting_behind_a_hot_path_response_goes_out_with_it():
+    async def go():
+        pair = Pair()
+        pair.conn.data_received(list_offsets(1, "app"))
+        pair.up.data_received(answer(list_offsets(1, "app")[4:]))
+        pair.conn.data_received(list_offsets(2, "app"))  # hot path
+        pair.conn.data_received(raw_request(ApiKey.API_VERSIONS, 99, 3, b"app", b"\x00"))  # the proxy answers
+        assert len(pair.client.writes) == 1  # the answer to 3 waits for the broker's to 2
+        pair.up.data_received(answer(list_offsets(2, "app")[4:]))
+        got = [struct.unpack_from(">i", f)[0] for f in FrameReader(1 << 30).feed(pair.client.bytes())]
+        assert got == [1, 2, 3] and not pair.conn._pending
+
+    asyncio.run(go())
+
+
+def test_a_version_a_filter_looks_at_is_not_forwarded_untouched():
+    async def go():
+        pair = Pair()
+        pair.conn.data_received(list_offsets(1, "app"))
+        pair.up.data_received(answer(list_offsets(1, "app")[4:]))
+        # ApiVersions above what the proxy knows: its filter answers it, the broker never sees it.
+        pair.conn.data_received(raw_request(ApiKey.API_VERSIONS, 99, 2, b"app", b"\x00"))
+        assert len(pair.requests_seen_by_broker()) == 1
+        (key_err,) = struct.unpack_from(">h", pair.client.writes[-1], 8)
+        assert key_err == 35  # UNSUPPORTED_VERSION
+
+    asyncio.run(go())
+
+
+def test_a_reload_that_adds_a_quota_puts_its_filter_back_on_every_request():
+    async def go():
+        pair = Pair()
+        for i in range(3):
+            pair.conn.data_received(list_offsets(i, "app"))
+            pair.up.data_received(answer(list_offsets(i, "app")[4:]))
+        assert not pair.client.paused
+        assert pair.server.quotas.rules == ()
+        raw = {**BASE, "quotas": [{"client_id": "app", "request_rate": 0.01}]}
+        pair.server.reload(parse_config(raw))
+        throttles = []
+        for i in range(3, 6):
+            pair.conn.data_received(request(ListOffsetsRequest[2](replica_id=-1, isolation_level=0, topics=[]), i, "app"))
+            throttles.append(pair.conn._pending[-1].throttle_ms)
+            body = struct.pack(">i", i) + bytes(ListOffsetsResponse[2](throttle_time_ms=0, topics=[]).encode())
+            pair.up.data_received(struct.pack(">i", len(body)) + body)
+        # The quota is recorded on every request again: the rate climbs, so does the throttle,
+        # which is written into the response and mutes the connection (KIP-219).
+        assert throttles[-1] > 0 and throttles == sorted(throttles)
+        (throttle_in_response,) = struct.unpack_from(">i", pair.client.writes[-1], 8)
+        assert throttle_in_response == throttles[-1]
+        assert pair.client.paused
+        pair.conn._teardown()
+
+    asyncio.run(go())
+
+
+def test_idle_filters_are_left_out_until_a_refresh_finds_them_busy():
+    class Quota:
+        api_keys = None
+        idle = True
+
+        def on_request(self, conn, header, frame, entry):
+            return None
+
+    class Versions:
+        api_keys = frozenset({ApiKey.API_VERSIONS})
+        request_since = {ApiKey.API_VERSIONS: 5}
+
+        def on_request(self, conn, header, frame, entry):
+            return None
+
+    quota, versions = Quota(), Versions()
+    chain = FilterChain([quota, versions], [])
+    assert set(chain.request) == set(SPECS)  # every known API has an entry; a miss is unknown
+    assert chain.request[ApiKey.API_VERSIONS] == (5, (versions,))
+    assert chain.request[ApiKey.METADATA][0] > 2**14  # nothing looks at Metadata requests
+    assert chain.request_all[1] == ()
+    quota.idle = False
+    chain.refresh()
+    assert chain.request[ApiKey.API_VERSIONS] == (0, (quota, versions))
+    assert chain.request[ApiKey.METADATA] == (0, (quota,))
+    assert chain.request_all == (0, (quota,))
