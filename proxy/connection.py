@@ -204,7 +204,6 @@ class ClientConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         n = len(data)
-        self.stats.bytes_client_to_upstream += n
         head = self._head
         if (head is not None and n >= head.size and self._reader.idle and self._deferred is None
                 and not self._raw_sasl_frames and type(data) is bytes):
@@ -225,8 +224,11 @@ class ClientConnection(asyncio.Protocol):
                 self._awaiting_upstream.append(entry)
                 if self.usage is not None:
                     entry.forwarded_at = received_at
-                self.stats.requests[(key, version)] += 1
+                stats = self.stats
+                stats.bytes_client_to_upstream += n
+                stats.requests[(key, version)] += 1
                 return
+        self.stats.bytes_client_to_upstream += n
         bad_frame: FrameError | None = None
         try:
             frames = self._reader.feed(data)
