@@ -84,6 +84,8 @@ class FilterChain:
     reload changes what the filters enforce.
     """
 
+    __slots__ = ("_request_filters", "_response_filters", "request", "request_all", "response")
+
     def __init__(self, request_filters: Iterable[RequestFilter], response_filters: Iterable[ResponseFilter]):
         self._request_filters = tuple(request_filters)
         self._response_filters = tuple(response_filters)
