@@ -10,6 +10,7 @@ Guarantees:
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import socket
 import time
@@ -115,6 +116,7 @@ def _acks_not_zero(data: bytes, pos: int, version: int) -> bool:
     return pos + 2 <= n and _INT16.unpack_from(data, pos)[0] != 0
 
 
+@functools.lru_cache(maxsize=256)  # shared by every connection whose client ids are this long
 def _request_head(client_id_len: int) -> Struct:
     """size, api_key, api_version, correlation_id, client_id length and client_id bytes."""
     return Struct(f">ihhih{max(client_id_len, 0)}s")
