@@ -84,6 +84,15 @@ class Pair:
     def requests_seen_by_broker(self) -> list[bytes]:
         return [bytes(f) for f in FrameReader(1 << 30).feed(self.broker.bytes())]
 
+    def exchange(self, request: bytes) -> None:
+        """The client sends ``request``; the broker answers it."""
+        self.conn.data_received(request)
+        self.up.data_received(answer(request[4:]))
+
+    def answered(self) -> list[int]:
+        """The correlation ids of every response the client got, in order."""
+        return [struct.unpack_from(">i", f)[0] for f in FrameReader(1 << 30).feed(self.client.bytes())]
+
 
 def request(req, correlation_id: int, client_id: str | None) -> bytes:
     req.with_header(correlation_id=correlation_id, client_id=client_id)
@@ -246,8 +255,7 @@ def test_every_chunking_gives_the_same_bytes_order_and_counts(ping_pong):
 
 def test_responses_reach_the_client_in_request_order_with_every_answer():
     pair, _ = run(whole, scenario(), ping_pong=False)
-    got = [struct.unpack_from(">i", f)[0] for f in FrameReader(1 << 30).feed(pair.client.bytes())]
-    assert got == [1, 2, 3, 5, *range(7, 19)]  # 4 and 6 were acks=0
+    assert pair.answered() == [1, 2, 3, 5, *range(7, 19)]  # 4 and 6 were acks=0
 
 
 def test_the_client_id_is_always_the_one_of_the_last_request():
@@ -277,14 +285,12 @@ def test_hot_paths_forward_the_very_bytes_that_came_in():
 def test_an_answer_waiting_behind_a_hot_path_response_goes_out_with_it():
     async def go():
         pair = Pair()
-        pair.conn.data_received(list_offsets(1, "app"))
-        pair.up.data_received(answer(list_offsets(1, "app")[4:]))
+        pair.exchange(list_offsets(1, "app"))
         pair.conn.data_received(list_offsets(2, "app"))  # hot path
         pair.conn.data_received(raw_request(ApiKey.API_VERSIONS, 99, 3, b"app", b"\x00"))  # the proxy answers
         assert len(pair.client.writes) == 1  # the answer to 3 waits for the broker's to 2
         pair.up.data_received(answer(list_offsets(2, "app")[4:]))
-        got = [struct.unpack_from(">i", f)[0] for f in FrameReader(1 << 30).feed(pair.client.bytes())]
-        assert got == [1, 2, 3] and not pair.conn._pending
+        assert pair.answered() == [1, 2, 3] and not pair.conn._pending
 
     asyncio.run(go())
 
@@ -292,8 +298,7 @@ def test_an_answer_waiting_behind_a_hot_path_response_goes_out_with_it():
 def test_a_version_a_filter_looks_at_is_not_forwarded_untouched():
     async def go():
         pair = Pair()
-        pair.conn.data_received(list_offsets(1, "app"))
-        pair.up.data_received(answer(list_offsets(1, "app")[4:]))
+        pair.exchange(list_offsets(1, "app"))
         # ApiVersions above what the proxy knows: its filter answers it, the broker never sees it.
         pair.conn.data_received(raw_request(ApiKey.API_VERSIONS, 99, 2, b"app", b"\x00"))
         assert len(pair.requests_seen_by_broker()) == 1
@@ -307,8 +312,7 @@ def test_a_reload_that_adds_a_quota_puts_its_filter_back_on_every_request():
     async def go():
         pair = Pair()
         for i in range(3):
-            pair.conn.data_received(list_offsets(i, "app"))
-            pair.up.data_received(answer(list_offsets(i, "app")[4:]))
+            pair.exchange(list_offsets(i, "app"))
         assert not pair.client.paused
         assert pair.server.quotas.rules == ()
         raw = {**BASE, "quotas": [{"client_id": "app", "request_rate": 0.01}]}
