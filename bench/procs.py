@@ -115,11 +115,15 @@ class Proc:
 class Launcher:
     """Starts and remembers processes; ``close()`` stops them all (in reverse order)."""
 
-    def __init__(self, workdir: Path | None = None, pin: dict[str, str] | None = None) -> None:
+    def __init__(self, workdir: Path | None = None, pin: dict[str, str] | None = None,
+                 python_wrapper=None) -> None:
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="kqp-bench-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.procs: list[Proc] = []
         self.pin = pin or {}  # role -> taskset cpu list, e.g. {"broker": "0", "intermediary": "1"}
+        # name -> argv between the interpreter and "-m MODULE" for the pump and our proxy
+        # (bench.callbacks uses it to time their callbacks); none by default.
+        self.python_wrapper = python_wrapper or (lambda name: [])
         self._n = 0
 
     def _popen(self, name: str, role: str, argv: list[str]) -> tuple[subprocess.Popen, Path]:
@@ -204,7 +208,7 @@ class Launcher:
     def byte_pump(self, upstream: tuple[str, int], name: str = "byte-pump") -> Proc:
         """Start the pump (it connects upstream lazily, so the broker may come later)."""
         ready = self.workdir / f"{name}-{self._n + 1}.ready.json"
-        argv = [sys.executable, "-m", "bench.byte_pump", "--listen", "127.0.0.1:0",
+        argv = [sys.executable, *self.python_wrapper(name), "-m", "bench.byte_pump", "--listen", "127.0.0.1:0",
                 "--upstream", f"{upstream[0]}:{upstream[1]}", "--ready-file", str(ready)]
         return self._python_with_ready_file(name, argv, ready, 15.0)
 
@@ -254,7 +258,8 @@ class Launcher:
             "  port: 0\n"
             + extra_yaml
         )
-        argv = [sys.executable, "-m", "proxy", "run", "--config", str(cfg), "--ready-file", str(ready),
+        argv = [sys.executable, *self.python_wrapper(name), "-m", "proxy", "run", "--config", str(cfg),
+                "--ready-file", str(ready),
                 "--log-level", log_level]
         proc = self._python_with_ready_file(name, argv, ready, 30.0)
         self._wait_ready(proc, 10.0)
