@@ -10,7 +10,6 @@ from .apis import FIRST_FLEXIBLE_VERSION, ApiKey
 _HEADER_PREFIX = Struct(">hhi")  # api_key, api_version, correlation_id
 _INT16 = Struct(">h")
 _INT32 = Struct(">i")
-_API_VERSIONS = int(ApiKey.API_VERSIONS)
 
 
 class HeaderError(ValueError):
@@ -115,8 +114,7 @@ def parse_request_header(frame) -> RequestHeader:
 
 def response_body_offset(frame, api_key: int, api_version: int) -> int:
     """Offset of the body in a response frame (after correlation id and any tagged fields)."""
-    # ApiVersionsResponse always uses header v0 (KIP-511).
-    if api_key != _API_VERSIONS and api_version >= FIRST_FLEXIBLE_VERSION.get(api_key, 2**15):
+    if response_header_is_flexible(api_key, api_version):
         return skip_tagged_fields(frame, 4)
     return 4
 

@@ -16,6 +16,7 @@ import socket
 import time
 from collections import deque
 from struct import Struct
+from struct import error as struct_error
 from typing import TYPE_CHECKING
 
 from protocol.apis import FIRST_FLEXIBLE_VERSION, ApiKey
@@ -37,7 +38,6 @@ log = logging.getLogger("proxy.connection")
 
 _INT32 = Struct(">i")
 _RESPONSE_HEAD = Struct(">ii")  # size, correlation_id
-_INT16 = Struct(">h")
 _PRODUCE = int(ApiKey.PRODUCE)
 _PRODUCE_FIRST_FLEXIBLE = FIRST_FLEXIBLE_VERSION[ApiKey.PRODUCE]
 _JOIN_MAX_BYTES = 64 * 1024
@@ -105,15 +105,14 @@ class InFlight:
 
 def _acks_not_zero(data: bytes, pos: int, version: int) -> bool:
     """Whether a whole, non-flexible Produce frame (with its size prefix), whose body starts at
-    ``pos``, has an acks other than 0. False too when it cannot tell (flexible, too short)."""
+    ``pos``, has an acks other than 0. False too when it cannot tell (a flexible header, a
+    truncated frame): the general path then reads it, or rejects the frame."""
     if version >= _PRODUCE_FIRST_FLEXIBLE:
-        return False  # acks sits behind the header's tagged fields: the general path reads it
-    n = len(data)
-    if version >= 3:  # transactional_id comes first
-        if pos + 2 > n:
-            return False
-        pos += 2 + max(_INT16.unpack_from(data, pos)[0], 0)
-    return pos + 2 <= n and _INT16.unpack_from(data, pos)[0] != 0
+        return False  # acks sits behind the header's tagged fields
+    try:
+        return produce_acks(data, pos, version) != 0
+    except struct_error:
+        return False
 
 
 @functools.lru_cache(maxsize=256)  # shared by every connection whose client ids are this long
@@ -185,10 +184,10 @@ class ClientConnection(asyncio.Protocol):
         self.uplift: dict[int, int] | None = None
         self._holding: set[asyncio.Task] = set()  # responses a filter is holding (Hold)
         self.usage = server.usage  # proxy.usage_log.UsageLog, or None when off
-        # The client_id of the last request parsed in full (its length, -1 for null, and bytes)
-        # and a struct reading a request's first bytes up to the end of such a client_id: a
-        # request that repeats it needs no header parse to know who sent it.
-        self._client_id_len = -2
+        # The session's client_id as it is on the wire (length, -1 for null; bytes) and a struct
+        # reading a request's first bytes up to the end of such a client_id: a request that
+        # repeats it needs no header parse to know who sent it (set by _remember_client_id).
+        self._client_id_len = -1
         self._client_id_raw = b""
         self._head: Struct | None = None
 
@@ -256,10 +255,7 @@ class ClientConnection(asyncio.Protocol):
             if self._raw_sasl_frames:
                 self._forward_raw_sasl(frame, out)
                 continue
-            try:
-                self._on_request(frame, out)
-            except Exception as exc:
-                self._request_failed(exc)
+            if not self._guarded(self._on_request, frame, out):
                 return
         if out:
             self._send_upstream(out)
@@ -273,12 +269,9 @@ class ClientConnection(asyncio.Protocol):
         stats.requests[(key, header.api_version)] += 1
         if header.body_offset < 0:
             stats.unknown_api_requests += 1
+        if self._head is None or header.client_id != self.session.client_id:
+            self._remember_client_id(header.client_id)
         self.session.client_id = header.client_id
-        id_len = _INT16.unpack_from(frame, 8)[0]
-        if id_len != self._client_id_len:
-            self._head = _request_head(id_len)
-            self._client_id_len = id_len
-        self._client_id_raw = bytes(frame[10 : 10 + max(id_len, 0)])
         entry = InFlight(header.correlation_id, key, header.api_version, time.monotonic(), len(frame))
         chain = self.chain
         since, filters = chain.request.get(key, chain.request_all)
@@ -286,6 +279,12 @@ class ClientConnection(asyncio.Protocol):
             self._apply_filters(header, frame, entry, filters, out)
         else:
             self._forward(header, frame, entry, out)
+
+    def _remember_client_id(self, client_id: str | None) -> None:
+        """Lets the hot path recognise requests from ``client_id`` without parsing them."""
+        self._client_id_raw = b"" if client_id is None else client_id.encode()
+        self._client_id_len = -1 if client_id is None else len(self._client_id_raw)
+        self._head = _request_head(self._client_id_len)
 
     def _request_failed(self, exc: Exception) -> None:
         """A request-side step raised: this connection is closed, with the reason counted."""
@@ -516,11 +515,10 @@ class ClientConnection(asyncio.Protocol):
             self._complete(entry, frame)
 
     def on_whole_response(self, data: bytes) -> bool:
-        """The hot path for a chunk from the broker that is exactly the response to the oldest
-        request forwarded (not a raw SASL token). When no filter looks at it, no quota
-        throttled it and the client is owed nothing before it, it goes back as the very bytes
-        that came in; otherwise it goes through the response filters as
-        :meth:`on_upstream_frame` would. False, with nothing done, for any other chunk."""
+        """The hot path: ``data`` is exactly the response to the oldest request forwarded (not a
+        raw SASL token), no filter looks at it, no quota throttled it and the client is owed
+        nothing before it. It goes back as the very bytes that came in. False, with nothing
+        done, for anything else (:meth:`on_upstream_frame` then takes it)."""
         n = len(data)
         awaiting = self._awaiting_upstream
         # An answer to an acks=0 Produce (see on_upstream_frame) never matches awaiting[0].
@@ -528,24 +526,19 @@ class ClientConnection(asyncio.Protocol):
             return False
         size, correlation_id = _RESPONSE_HEAD.unpack_from(data)
         entry = awaiting[0]
-        if size != n - 4 or correlation_id != entry.correlation_id or entry.raw:
+        pending = self._pending
+        # Only the client's next answer, with no answer waiting behind it, is written at once.
+        if (size != n - 4 or correlation_id != entry.correlation_id or entry.raw or entry.throttle_ms
+                or entry.on_response is not None or pending[0] is not entry
+                or (len(pending) > 1 and pending[1].response is not None) or self._close_when_drained
+                or entry.api_version >= self.chain.response.get(entry.api_key, UNFILTERED)[0]):
             return False
         if entry.forwarded_at:
             entry.upstream_ms = (time.monotonic() - entry.forwarded_at) * 1000
-        since, filters = self.chain.response.get(entry.api_key, UNFILTERED)
-        pending = self._pending
-        # Written at once only if it is the client's next answer and no answer waits behind it.
-        if (entry.api_version < since and not entry.throttle_ms and entry.on_response is None
-                and pending[0] is entry and (len(pending) == 1 or pending[1].response is None)
-                and not self._close_when_drained):
-            self.transport.write(data)
-            awaiting.popleft()
-            pending.popleft()
-            self._sent(entry, size)
-        else:
-            awaiting.popleft()
-            # A small frame is copied (bytes are cheaper for filters to slice than a view).
-            self._respond(entry, data[4:] if n <= _JOIN_MAX_BYTES else memoryview(data)[4:], filters)
+        self.transport.write(data)
+        awaiting.popleft()
+        pending.popleft()
+        self._sent(entry, size)
         return True
 
     def _respond(self, entry: InFlight, frame, filters) -> None:
@@ -588,10 +581,7 @@ class ClientConnection(asyncio.Protocol):
             done.response = None
             size = len(data)
             if transport is not None and not self._closed:
-                if size <= _JOIN_MAX_BYTES:
-                    transport.write(_INT32.pack(size) + data)  # one small copy, one send
-                else:
-                    transport.writelines((_INT32.pack(size), data))
+                _write(transport, (_INT32.pack(size), data))
                 if done.throttle_ms:
                     self.mute(done.throttle_ms)  # KIP-219: answer at once, then stop reading
             self._sent(done, size)
@@ -690,11 +680,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         client = self.client
-        try:
-            if self._reader.idle and client.on_whole_response(data):
-                return
-        except Exception as exc:
-            self._response_failed(exc)
+        if self._reader.idle and client.on_whole_response(data):
             return
         try:
             frames = self._reader.feed(data)

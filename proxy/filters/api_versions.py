@@ -45,7 +45,6 @@ class ApiVersionsFilter:
         # A broker answers ApiVersions with the same body every time: rewrite each body once
         # (with the versions this connection's requests must go up as, see UpliftFilter).
         self._rewritten: dict[tuple[int, bytes], tuple[bytes, dict[int, int]]] = {}
-        self._last: tuple[int, bytes, tuple[bytes, dict[int, int]]] | None = None  # skips hashing the body
 
     def on_request(self, conn, header, frame, entry):
         if header.api_version > self.max_version:
@@ -57,18 +56,13 @@ class ApiVersionsFilter:
 
     def on_response(self, conn, entry, frame):
         # The ApiVersions response header is always v0 (KIP-511): the body starts at byte 4.
-        version, raw = entry.api_version, bytes(frame[4:])
-        last = self._last
-        if last is not None and last[0] == version and last[1] == raw:
-            done = last[2]
-        else:
-            done = self._rewritten.get((version, raw))
-            if done is None:
-                resp = decode_response(entry.api_key, version, raw)
-                done = (raw, {}) if resp.error_code != 0 else self._capped(resp)
-                if len(self._rewritten) < 64:  # a handful of brokers x versions
-                    self._rewritten[(version, raw)] = done
-            self._last = (version, raw, done)
+        key = (entry.api_version, bytes(frame[4:]))
+        done = self._rewritten.get(key)
+        if done is None:
+            resp = decode_response(entry.api_key, entry.api_version, key[1])
+            done = (key[1], {}) if resp.error_code != 0 else self._capped(resp)
+            if len(self._rewritten) < 64:  # a handful of brokers x versions
+                self._rewritten[key] = done
         body, conn.uplift = done
         return bytes(frame[:4]) + body
 

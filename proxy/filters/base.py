@@ -120,9 +120,6 @@ class FilterChain:
         self.request_all = (0, tuple(every)) if every else UNFILTERED
         self.response = {key: _entry(fs) for key, fs in response.items()}
 
-    def request_filters(self, api_key: int) -> tuple[RequestFilter, ...]:
-        return self.request.get(api_key, self.request_all)[1]
-
 
 def _entry(filters: list[tuple[int, object]]) -> tuple[int, tuple]:
     return (min(since for since, _ in filters), tuple(f for _, f in filters)) if filters else UNFILTERED
