@@ -5,31 +5,31 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from protocol.apis import ApiKey
+from proxy.filters.controller_mutation import STRICT_SINCE
 from quotas.common import (
     CONSUMER_BYTE_RATE, CONSUMER_RECORD_RATE, CONTROLLER_MUTATION_RATE, PRODUCER_BATCH_RATE,
     PRODUCER_BYTE_RATE, PRODUCER_IDS_RATE, PRODUCER_RECORD_RATE, REQUEST_RATE,
 )
 
 PRODUCE, FETCH = ApiKey.PRODUCE, ApiKey.FETCH
-MUTATING = frozenset({ApiKey.CREATE_TOPICS, ApiKey.DELETE_TOPICS, ApiKey.CREATE_PARTITIONS})
+MUTATING = frozenset(STRICT_SINCE)  # the APIs the controller-mutation quota charges
 
 
 class Demand(NamedTuple):
     column: str
     api_keys: frozenset[int] | None  # None: every API
-    unit: str
 
 
 DEMAND: dict[str, Demand] = {
-    REQUEST_RATE: Demand("requests", None, "requests/s"),
-    PRODUCER_BYTE_RATE: Demand("request_bytes", frozenset({PRODUCE}), "bytes/s"),
-    CONSUMER_BYTE_RATE: Demand("response_bytes", frozenset({FETCH}), "bytes/s"),
-    PRODUCER_RECORD_RATE: Demand("records", frozenset({PRODUCE}), "records/s"),
-    CONSUMER_RECORD_RATE: Demand("records", frozenset({FETCH}), "records/s"),
-    PRODUCER_BATCH_RATE: Demand("batches", frozenset({PRODUCE}), "batches/s"),
-    CONTROLLER_MUTATION_RATE: Demand("partition_mutations", MUTATING, "partitions/s"),
+    REQUEST_RATE: Demand("requests", None),
+    PRODUCER_BYTE_RATE: Demand("request_bytes", frozenset({PRODUCE})),
+    CONSUMER_BYTE_RATE: Demand("response_bytes", frozenset({FETCH})),
+    PRODUCER_RECORD_RATE: Demand("records", frozenset({PRODUCE})),
+    CONSUMER_RECORD_RATE: Demand("records", frozenset({FETCH})),
+    PRODUCER_BATCH_RATE: Demand("batches", frozenset({PRODUCE})),
+    CONTROLLER_MUTATION_RATE: Demand("partition_mutations", MUTATING),
 }
 # KIP-936: producer_ids_rate counts new ids per user per producer-id window, not per second.
-PER_WINDOW = {PRODUCER_IDS_RATE: Demand("new_producer_ids", frozenset({PRODUCE}), "producer ids/window")}
+PER_WINDOW = {PRODUCER_IDS_RATE: Demand("new_producer_ids", frozenset({PRODUCE}))}
 RATE_KINDS = tuple(DEMAND)
 ALL_KINDS = RATE_KINDS + tuple(PER_WINDOW)

@@ -114,7 +114,7 @@ def quota_entries(rows) -> tuple[list[dict], list[str]]:
         entry[kind] = int(value) if float(value).is_integer() else float(value)
     order = {k: i for i, k in enumerate(ALL_KINDS)}
     out = []
-    for key in sorted(entities, key=lambda k: tuple((a, b) for a, b in k)):
+    for key in sorted(entities):
         e = entities[key]
         head = {k: e[k] for k in ("user", "client_id") if k in e}
         kinds = sorted((k for k in e if k not in head), key=order.__getitem__)

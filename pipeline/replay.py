@@ -40,8 +40,9 @@ REPLAY_SCHEMA = (
     "proxy string, user string, client_id string, kind string, requests long, demand double, "
     "throttled_requests long, throttle_time_ms double, rejected_requests long, rejected_amount double"
 )
-REPLAY_COLUMNS = ("interval_start", "interval_seconds", "client_id", "api_key", "requests", "request_bytes",
-                  "response_bytes", "records", "batches", "partition_mutations", "new_producer_ids")
+_AMOUNTS = ("requests", "request_bytes", "response_bytes", "records", "batches", "partition_mutations",
+            "new_producer_ids")
+REPLAY_COLUMNS = ("interval_start", "interval_seconds", "client_id", "api_key", *_AMOUNTS)
 
 
 @lru_cache(maxsize=4)
@@ -49,9 +50,6 @@ def candidate(config_yaml: str):
     """The configuration a replay applies (parsed once per worker process)."""
     return parse_config(yaml.safe_load(config_yaml))
 
-
-_AMOUNTS = ("requests", "request_bytes", "response_bytes", "records", "batches", "partition_mutations",
-            "new_producer_ids")
 
 
 def events(rows, max_events: int):
@@ -84,7 +82,7 @@ def _demand(rows) -> dict[tuple[str, str], list]:
     """(client_id, kind) → [requests, demand] straight from the rows (quota or not)."""
     out: dict[tuple[str, str], list] = {}
     api = rows["api_key"]
-    for kind, (column, apis, _) in _CHARGES.items():
+    for kind, (column, apis) in _CHARGES.items():
         on = rows if apis is None else rows[api.isin(sorted(apis))]
         on = on[on[column] > 0]
         for client_id, g in on.groupby("client_id", sort=False):

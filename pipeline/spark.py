@@ -10,7 +10,7 @@ import zipfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-from proxy.usage_log import COLUMNS, SCHEMA_VERSION
+from proxy.usage_log import COLUMN_NAMES, SCHEMA_VERSION, arrow_schema
 
 from .errors import UsageError
 
@@ -18,7 +18,7 @@ _PACKAGES = ("config", "quotas", "pipeline", "proxy", "protocol")
 
 
 def spark_session(master: str = "local[*]", app_name: str = "kafka-quota-proxy report",
-                  shuffle_partitions: int | None = None, driver_memory: str | None = None, ui: bool = False):
+                  shuffle_partitions: int | None = None, driver_memory: str | None = None):
     """A session on ``master``. Locally the workers run this interpreter; on a cluster the
     project's packages are shipped to the executors (their Python needs pandas and pyarrow)."""
     from pyspark.sql import SparkSession
@@ -35,11 +35,11 @@ def spark_session(master: str = "local[*]", app_name: str = "kafka-quota-proxy r
         .config("spark.sql.adaptive.enabled", "true")
     )
     if local:
-        # Everything stays on this machine: bind to loopback, and no web UI unless asked for.
+        # Everything stays on this machine: bind to loopback, and no web UI.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         builder = (builder.config("spark.driver.host", "127.0.0.1")
                    .config("spark.driver.bindAddress", "127.0.0.1")
-                   .config("spark.ui.enabled", "true" if ui else "false"))
+                   .config("spark.ui.enabled", "false"))
     if shuffle_partitions or local:
         builder = builder.config("spark.sql.shuffle.partitions", str(shuffle_partitions or 2 * (os.cpu_count() or 2)))
     if driver_memory:
@@ -63,28 +63,27 @@ def _project_zip() -> Path:
 
 
 def spark_schema():
+    """The usage log's Arrow schema as Spark reads it; every column nullable, so that a file
+    lacking one reads as nulls and is reported (see read_usage)."""
     from pyspark.sql import types as T
+    from pyspark.sql.pandas.types import from_arrow_schema
 
-    types = {
-        "int16": T.ShortType(), "int32": T.IntegerType(), "int64": T.LongType(), "float64": T.DoubleType(),
-        "string": T.StringType(), "timestamp[ms, UTC]": T.TimestampType(),
-    }
-    return T.StructType([T.StructField(name, types[t], True) for name, t, _ in COLUMNS])
+    return T.StructType([T.StructField(f.name, f.dataType, True) for f in from_arrow_schema(arrow_schema())])
 
 
 def _is_local(path: str) -> bool:
     return "://" not in path or path.startswith("file://")
 
 
-def _local_files(directory: str) -> list[Path]:
+def _check_local(directory: str) -> None:
+    """Raises UsageError unless ``directory`` holds at least one visible usage file."""
     root = Path(directory.removeprefix("file://"))
     if not root.is_dir():
         raise UsageError(f"usage directory {directory} does not exist or is not a directory")
-    files = [p for p in root.rglob("*.parquet") if not any(part.startswith((".", "_")) for part in p.relative_to(root).parts)]
-    if not files:
+    files = (p for p in root.rglob("*.parquet") if not any(part.startswith((".", "_")) for part in p.relative_to(root).parts))
+    if next(files, None) is None:
         raise UsageError(f"no usage log files (*.parquet) under {directory}: is usage_log.directory right, "
                          "and has the proxy run for one interval?")
-    return files
 
 
 def read_usage(spark, directory: str, since: datetime | None = None, until: datetime | None = None):
@@ -96,11 +95,11 @@ def read_usage(spark, directory: str, since: datetime | None = None, until: date
     from pyspark.sql import functions as F
 
     if _is_local(directory):
-        _local_files(directory)
+        _check_local(directory)
     # Every file below, whatever the layout (date=/hour= from the proxy, or compacted elsewhere).
     reader = (spark.read.schema(spark_schema()).option("pathGlobFilter", "*.parquet")
               .option("recursiveFileLookup", "true"))
-    df = reader.parquet(directory).select(*[name for name, _, _ in COLUMNS])
+    df = reader.parquet(directory).select(*COLUMN_NAMES)
     with spark_errors():
         bad = (df.where(F.col("schema_version").isNull() | (F.col("schema_version") != SCHEMA_VERSION))
                  .select(F.input_file_name().alias("file"), F.col("schema_version")).distinct().limit(5).collect())

@@ -171,15 +171,12 @@ class ProducerIdQuotaManager:
 
     def __init__(self, rules: Iterable[QuotaRule] = (), settings: ProducerIdSettings | None = None) -> None:
         self.settings = settings or ProducerIdSettings()
-        self._resolver = EntityResolver(rules)
-        # Whether any producer_ids_rate rule exists (no rule: nothing to scan for); read per
-        # Produce request, so kept as a plain attribute.
-        self.active = PRODUCER_IDS_RATE in self._resolver.kinds()
         self._users: dict[str, _UserState] = {}
         self._due: list[tuple[int, str]] = []  # (when to look at the user's layers again, user)
         self.new_ids_total = 0  # ids admitted as new
         self.rejected_total = 0  # requests rejected
         self.users_removed_total = 0
+        self.replace_rules(rules)
 
     @property
     def _max_wait_ms(self) -> int:
@@ -192,6 +189,8 @@ class ProducerIdQuotaManager:
     def replace_rules(self, rules: Iterable[QuotaRule]) -> None:
         """New rules: users that keep a quota keep their ids and tokens; the others are dropped."""
         self._resolver = EntityResolver(rules)
+        # Whether any producer_ids_rate rule exists (no rule: nothing to scan for); read per
+        # Produce request, so kept as a plain attribute.
         self.active = PRODUCER_IDS_RATE in self._resolver.kinds()
         for user, state in list(self._users.items()):
             resolved = self._resolver.resolve_user_level(PRODUCER_IDS_RATE, user)

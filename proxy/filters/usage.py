@@ -27,7 +27,7 @@ class UsageFilter:
         return None
 
     def on_response(self, conn, entry, frame):
-        if entry.records is None and self.count_fetch_records:
-            count_fetched(conn, entry, frame)
+        if self.count_fetch_records:
+            count_fetched(conn, entry, frame)  # at most once per response
         return frame
 
