@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("proxy.connection")
 
 _INT32 = Struct(">i")
-_RESPONSE_HEAD = Struct(">ii")  # size, correlation_id
 _PRODUCE = int(ApiKey.PRODUCE)
 _PRODUCE_FIRST_FLEXIBLE = FIRST_FLEXIBLE_VERSION[ApiKey.PRODUCE]
 _JOIN_MAX_BYTES = 64 * 1024
@@ -485,7 +484,9 @@ class ClientConnection(asyncio.Protocol):
         log.error("giving up on %s: no broker reachable after %d attempts", self.label, cfg.connect_attempts)
         self._close()
 
-    def on_upstream_frame(self, frame) -> None:
+    def on_upstream_frame(self, frame, chunk: bytes | None = None) -> None:
+        """A response frame from the broker; ``chunk``, when given, is the whole chunk it came in
+        (size prefix included), which goes back to the client as it is if no filter changes it."""
         awaiting = self._awaiting_upstream
         if self._acks0 and len(frame) >= 4:
             # Kafka never answers acks=0, but some brokers (Tansu 0.6) do: the client expects
@@ -512,34 +513,7 @@ class ClientConnection(asyncio.Protocol):
         if entry.api_version >= since or entry.on_response is not None or entry.throttle_ms:
             self._respond(entry, frame, filters)
         else:
-            self._complete(entry, frame)
-
-    def on_whole_response(self, data: bytes) -> bool:
-        """The hot path: ``data`` is exactly the response to the oldest request forwarded (not a
-        raw SASL token), no filter looks at it, no quota throttled it and the client is owed
-        nothing before it. It goes back as the very bytes that came in. False, with nothing
-        done, for anything else (:meth:`on_upstream_frame` then takes it)."""
-        n = len(data)
-        awaiting = self._awaiting_upstream
-        # An answer to an acks=0 Produce (see on_upstream_frame) never matches awaiting[0].
-        if n < 8 or not awaiting or self._closed or type(data) is not bytes:
-            return False
-        size, correlation_id = _RESPONSE_HEAD.unpack_from(data)
-        entry = awaiting[0]
-        pending = self._pending
-        # Only the client's next answer, with no answer waiting behind it, is written at once.
-        if (size != n - 4 or correlation_id != entry.correlation_id or entry.raw or entry.throttle_ms
-                or entry.on_response is not None or pending[0] is not entry
-                or (len(pending) > 1 and pending[1].response is not None) or self._close_when_drained
-                or entry.api_version >= self.chain.response.get(entry.api_key, UNFILTERED)[0]):
-            return False
-        if entry.forwarded_at:
-            entry.upstream_ms = (time.monotonic() - entry.forwarded_at) * 1000
-        self.transport.write(data)
-        awaiting.popleft()
-        pending.popleft()
-        self._sent(entry, size)
-        return True
+            self._complete(entry, frame, chunk)
 
     def _respond(self, entry: InFlight, frame, filters) -> None:
         """Runs the response filters, then completes the entry; a filter may hold it (Hold)."""
@@ -571,7 +545,9 @@ class ClientConnection(asyncio.Protocol):
             log.exception("response filter failed for %s; closing it", self.label)
             self._close()
 
-    def _complete(self, entry: InFlight, frame) -> None:
+    def _complete(self, entry: InFlight, frame, chunk: bytes | None = None) -> None:
+        """Answers ``entry`` with ``frame`` and sends every answer now due, in request order;
+        ``chunk`` is ``frame`` with its size prefix as the broker sent it, written as it is."""
         entry.response = frame
         pending = self._pending
         transport = self.transport
@@ -581,7 +557,10 @@ class ClientConnection(asyncio.Protocol):
             done.response = None
             size = len(data)
             if transport is not None and not self._closed:
-                _write(transport, (_INT32.pack(size), data))
+                if chunk is not None and done is entry:
+                    transport.write(chunk)  # the hot path: the bytes read, not a copy
+                else:
+                    _write(transport, (_INT32.pack(size), data))
                 if done.throttle_ms:
                     self.mute(done.throttle_ms)  # KIP-219: answer at once, then stop reading
             self._sent(done, size)
@@ -680,18 +659,18 @@ class UpstreamConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         client = self.client
-        if self._reader.idle and client.on_whole_response(data):
-            return
         try:
             frames = self._reader.feed(data)
         except FrameError as exc:
             client._upstream_failed(str(exc))
             return
+        # A chunk that is exactly one frame can go back as it came (none other has that length).
+        chunk = data if len(frames) == 1 and len(frames[0]) == len(data) - 4 and type(data) is bytes else None
         for frame in frames:
             if client._closed:
                 return
             try:
-                client.on_upstream_frame(frame)
+                client.on_upstream_frame(frame, chunk)
             except Exception as exc:
                 self._response_failed(exc)
                 return
