@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("proxy.connection")
 
 _INT32 = Struct(">i")
+_RESPONSE_HEAD = Struct(">ii")  # size, correlation id
 _PRODUCE = int(ApiKey.PRODUCE)
 _PRODUCE_FIRST_FLEXIBLE = FIRST_FLEXIBLE_VERSION[ApiKey.PRODUCE]
 _JOIN_MAX_BYTES = 64 * 1024
@@ -69,7 +70,7 @@ class InFlight:
         "correlation_id", "api_key", "api_version", "received_at", "response", "raw",
         "throttle_ms", "fetch_session", "on_response", "note", "produce", "scan",
         "request_bytes", "forwarded_at", "upstream_ms", "records", "batches", "mutations",
-        "new_producer_ids", "rejected",
+        "new_producer_ids", "rejected", "passthrough", "chunk_filter",
     )
 
     def __init__(self, correlation_id: int, api_key: int, api_version: int, received_at: float,
@@ -98,16 +99,23 @@ class InFlight:
         self.mutations = 0
         self.new_producer_ids = 0
         self.rejected = False
+        # Decided when the request is forwarded (and undone by a reload, see chain_changed): the
+        # broker's response goes to the client as it is (no response filter looks at this
+        # version, no request filter rewrites or throttles it).
+        self.passthrough = False
+        self.chunk_filter = None  # else: the response's one filter, run on the chunk it came in
 
 
 
 
 def _acks_not_zero(data: bytes, pos: int, version: int) -> bool:
-    """Whether a whole, non-flexible Produce frame (with its size prefix), whose body starts at
-    ``pos``, has an acks other than 0. False too when it cannot tell (a flexible header, a
-    truncated frame): the general path then reads it, or rejects the frame."""
+    """Whether a whole Produce frame (with its size prefix), whose request header ends at the
+    client id at ``pos``, has an acks other than 0. False too when it cannot tell (header tagged
+    fields, a truncated frame): the general path then reads it, or rejects the frame."""
     if version >= _PRODUCE_FIRST_FLEXIBLE:
-        return False  # acks sits behind the header's tagged fields
+        if pos >= len(data) or data[pos] != 0:
+            return False  # the header has tagged fields (or is cut short)
+        pos += 1  # no header tagged fields: the body follows
     try:
         return produce_acks(data, pos, version) != 0
     except struct_error:
@@ -220,6 +228,7 @@ class ClientConnection(asyncio.Protocol):
                 received_at = time.monotonic()
                 up.transport.write(data)
                 entry = InFlight(correlation_id, key, version, received_at, size)
+                self._choose_response_path(entry)
                 self._pending.append(entry)
                 self._awaiting_upstream.append(entry)
                 if self.usage is not None:
@@ -339,6 +348,8 @@ class ClientConnection(asyncio.Protocol):
             if self.usage is not None:
                 self._count_usage(entry, 0)
         else:
+            if entry.on_response is None and not entry.throttle_ms:
+                self._choose_response_path(entry)
             self._pending.append(entry)
             self._awaiting_upstream.append(entry)
             if self.usage is not None:
@@ -431,6 +442,25 @@ class ClientConnection(asyncio.Protocol):
             return
         self._raw_sasl_frames = rounds
 
+    def _choose_response_path(self, entry: InFlight) -> None:
+        """For a request no request filter rewrote or throttled: whether its response can go
+        back as it comes, or through its one filter's chunk rewrite (see the hot path in
+        UpstreamConnection.data_received)."""
+        key = entry.api_key
+        chain = self.chain
+        if entry.api_version < chain.response.get(key, UNFILTERED)[0]:
+            entry.passthrough = True
+        else:
+            entry.chunk_filter = chain.response_chunk.get(key)
+
+    def chain_changed(self) -> None:
+        """The filters changed (a reload): responses still awaited take the general path, which
+        runs the filters in force when they arrive (as Kafka's ClientQuotaManager records a
+        response under the quota in force when it is sent)."""
+        for entry in self._awaiting_upstream:
+            entry.passthrough = False
+            entry.chunk_filter = None
+
     def _send_upstream(self, out: list) -> None:
         up = self.upstream
         if up is None or up.transport is None:
@@ -484,9 +514,9 @@ class ClientConnection(asyncio.Protocol):
         log.error("giving up on %s: no broker reachable after %d attempts", self.label, cfg.connect_attempts)
         self._close()
 
-    def on_upstream_frame(self, frame, chunk: bytes | None = None) -> None:
-        """A response frame from the broker; ``chunk``, when given, is the whole chunk it came in
-        (size prefix included), which goes back to the client as it is if no filter changes it."""
+    def on_upstream_frame(self, frame) -> None:
+        """A response frame from the broker (UpstreamConnection.data_received sends a chunk that
+        is exactly the oldest answer due, and needs no filter, back itself)."""
         awaiting = self._awaiting_upstream
         if self._acks0 and len(frame) >= 4:
             # Kafka never answers acks=0, but some brokers (Tansu 0.6) do: the client expects
@@ -509,11 +539,10 @@ class ClientConnection(asyncio.Protocol):
         if corr != entry.correlation_id:
             self._upstream_failed(f"correlation id {corr}, expected {entry.correlation_id}")
             return
-        since, filters = self.chain.response.get(entry.api_key, UNFILTERED)
-        if entry.api_version >= since or entry.on_response is not None or entry.throttle_ms:
-            self._respond(entry, frame, filters)
+        if entry.passthrough:
+            self._complete(entry, frame)
         else:
-            self._complete(entry, frame, chunk)
+            self._respond(entry, frame, self.chain.response.get(entry.api_key, UNFILTERED)[1])
 
     def _respond(self, entry: InFlight, frame, filters) -> None:
         """Runs the response filters, then completes the entry; a filter may hold it (Hold)."""
@@ -545,10 +574,13 @@ class ClientConnection(asyncio.Protocol):
             log.exception("response filter failed for %s; closing it", self.label)
             self._close()
 
-    def _complete(self, entry: InFlight, frame, chunk: bytes | None = None) -> None:
-        """Answers ``entry`` with ``frame`` and sends every answer now due, in request order;
-        ``chunk`` is ``frame`` with its size prefix as the broker sent it, written as it is."""
+    def _complete(self, entry: InFlight, frame) -> None:
+        """Answers ``entry`` with ``frame`` and sends every answer now due, in request order."""
         entry.response = frame
+        self._send_due()
+
+    def _send_due(self) -> None:
+        """Sends the answers at the head of the queue that are known, in request order."""
         pending = self._pending
         transport = self.transport
         while pending and pending[0].response is not None:
@@ -557,10 +589,7 @@ class ClientConnection(asyncio.Protocol):
             done.response = None
             size = len(data)
             if transport is not None and not self._closed:
-                if chunk is not None and done is entry:
-                    transport.write(chunk)  # the hot path: the bytes read, not a copy
-                else:
-                    _write(transport, (_INT32.pack(size), data))
+                _write(transport, (_INT32.pack(size), data))
                 if done.throttle_ms:
                     self.mute(done.throttle_ms)  # KIP-219: answer at once, then stop reading
             self._sent(done, size)
@@ -659,18 +688,48 @@ class UpstreamConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         client = self.client
+        awaiting = client._awaiting_upstream
+        n = len(data)
+        if n >= 8 and awaiting and self._reader.idle and type(data) is bytes:
+            size, correlation_id = _RESPONSE_HEAD.unpack_from(data)
+            entry = awaiting[0]
+            pending = client._pending
+            transport = client.transport
+            if (size == n - 4 and correlation_id == entry.correlation_id and pending[0] is entry
+                    and transport is not None and not client._closed):
+                # The hot path: exactly one response, the oldest answer due (what _complete
+                # would send first), which nothing changes or whose one filter rewrites it as
+                # a chunk: it goes back at once, and the bookkeeping follows.
+                if entry.passthrough:
+                    out = data
+                elif entry.chunk_filter is not None:
+                    try:
+                        out = entry.chunk_filter(client, entry, data)
+                    except Exception as exc:
+                        self._response_failed(exc)
+                        return
+                else:
+                    out = None
+                if out is not None:
+                    if entry.forwarded_at:
+                        entry.upstream_ms = (time.monotonic() - entry.forwarded_at) * 1000
+                    transport.write(out)
+                    awaiting.popleft()
+                    pending.popleft()
+                    client._sent(entry, len(out) - 4)
+                    if client._close_when_drained or (pending and pending[0].response is not None):
+                        client._send_due()  # answers that waited behind this one
+                    return
         try:
             frames = self._reader.feed(data)
         except FrameError as exc:
             client._upstream_failed(str(exc))
             return
-        # A chunk that is exactly one frame can go back as it came (none other has that length).
-        chunk = data if len(frames) == 1 and len(frames[0]) == len(data) - 4 and type(data) is bytes else None
         for frame in frames:
             if client._closed:
                 return
             try:
-                client.on_upstream_frame(frame, chunk)
+                client.on_upstream_frame(frame)
             except Exception as exc:
                 self._response_failed(exc)
                 return

@@ -208,6 +208,8 @@ class ProxyServer:
         self.limiter_filter.set_limiters(limiters)
         self.producer_id_filter.reaction = live.producer_id_quota.reaction
         self.chain.refresh()  # filters idle before may have work now, and the other way round
+        for conn in self.connections:
+            conn.chain_changed()
         self.config = live
         if config != live:
             log.warning("reload applied quotas, rate_limiters and producer_id_quota.reaction; "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from struct import Struct
+
 from protocol import rewrite
 from protocol.apis import SPECS, ApiKey
 from protocol.headers import encode_response_header
@@ -9,6 +11,8 @@ from protocol.messages import decode_response, encode_body
 
 from .base import Answer
 from .leaders import uplifted_caps
+
+_INT32 = Struct(">i")
 
 # APIs whose responses the proxy decodes: clients must not use a version it cannot parse.
 _DECODED = (
@@ -65,6 +69,14 @@ class ApiVersionsFilter:
                 self._rewritten[key] = done
         body, conn.uplift = done
         return bytes(frame[:4]) + body
+
+    def on_response_chunk(self, conn, entry, chunk):
+        # Every response after a connection's first: the cached rewrite, without a decode.
+        done = self._rewritten.get((entry.api_version, chunk[8:]))
+        if done is None:
+            return None
+        body, conn.uplift = done
+        return b"".join((_INT32.pack(len(body) + 4), chunk[4:8], body))
 
     def _capped(self, resp) -> tuple[bytes, dict[int, int]]:
         broker_max = {e.api_key: e.max_version for e in resp.api_keys}

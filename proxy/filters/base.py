@@ -66,6 +66,10 @@ class ResponseFilter(Protocol):
 
     def on_response(self, conn: ClientConnection, entry: InFlight, frame): ...
 
+    # Optional: ``on_response_chunk(conn, entry, chunk)`` does what ``on_response`` does, on a
+    # chunk that is exactly one response with its size prefix, and returns the chunk to send,
+    # or None to have ``on_response`` run instead. Used when it is the API's only filter.
+
 
 _NEVER = 2**15  # above any int16 version
 UNFILTERED = (_NEVER, ())  # a FilterChain entry: no filter looks at any version
@@ -84,7 +88,7 @@ class FilterChain:
     reload changes what the filters enforce.
     """
 
-    __slots__ = ("_request_filters", "_response_filters", "request", "request_all", "response")
+    __slots__ = ("_request_filters", "_response_filters", "request", "request_all", "response", "response_chunk")
 
     def __init__(self, request_filters: Iterable[RequestFilter], response_filters: Iterable[ResponseFilter]):
         self._request_filters = tuple(request_filters)
@@ -92,6 +96,8 @@ class FilterChain:
         self.request: dict[int, tuple[int, tuple[RequestFilter, ...]]] = {}
         self.request_all: tuple[int, tuple[RequestFilter, ...]] = UNFILTERED
         self.response: dict[int, tuple[int, tuple[ResponseFilter, ...]]] = {}
+        # API key -> the on_response_chunk of the one response filter it has, if it offers one.
+        self.response_chunk: dict[int, object] = {}
         self.refresh()
 
     def refresh(self) -> None:
@@ -119,6 +125,8 @@ class FilterChain:
         self.request = {key: _entry(fs) for key, fs in request.items()}  # every known API
         self.request_all = (0, tuple(every)) if every else UNFILTERED
         self.response = {key: _entry(fs) for key, fs in response.items()}
+        self.response_chunk = {key: fs[0][1].on_response_chunk for key, fs in response.items()
+                               if len(fs) == 1 and hasattr(fs[0][1], "on_response_chunk")}
 
 
 def _entry(filters: list[tuple[int, object]]) -> tuple[int, tuple]:

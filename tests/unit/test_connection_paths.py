@@ -13,7 +13,7 @@ import asyncio
 import struct
 
 import pytest
-from kafka.protocol.consumer import ListOffsetsRequest, ListOffsetsResponse
+from kafka.protocol.consumer import FetchRequest, FetchResponse, ListOffsetsRequest, ListOffsetsResponse
 from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse
 from kafka.protocol.producer import ProduceRequest
 
@@ -163,7 +163,7 @@ def scenario() -> list[bytes]:
         produce(8, 0, 4, "app"),  # acks=0: general path, never answered
         produce(3, -1, 5, "app", transactional_id="tx-1"),  # hot path past a transactional id
         produce(2, 0, 6, "app"),  # acks=0 before transactional ids existed
-        produce(9, 1, 7, "app"),  # flexible header: general path
+        produce(9, 1, 7, "app"),  # flexible header without tagged fields: hot path
         raw_request(ApiKey.API_VERSIONS, 99, 8, b"app", b"\x00"),  # answered by the proxy itself
         list_offsets(9, "app"),  # hot path, its answer must wait behind the broker's to 7
         raw_request(999, 0, 10, b"app"),  # unknown API: forwarded, counted as unknown
@@ -175,6 +175,7 @@ def scenario() -> list[bytes]:
         api_versions(3, 16, None),
         list_offsets(17, None),  # hot path, with the proxy's own answer to 18 waiting behind it
         raw_request(ApiKey.API_VERSIONS, 99, 18, None, b"\x00"),
+        produce(9, 0, 19, None),  # acks=0 behind a flexible header: never answered
     ]
 
 
@@ -261,7 +262,7 @@ def test_responses_reach_the_client_in_request_order_with_every_answer():
 def test_the_client_id_is_always_the_one_of_the_last_request():
     requests = scenario()
     _, ids = run(whole, requests, ping_pong=True)
-    expected = ["app"] * 10 + ["other", "other", "otter"] + [None] * 5
+    expected = ["app"] * 10 + ["other", "other", "otter"] + [None] * 6
     assert ids == expected
 
 
@@ -360,3 +361,82 @@ def test_idle_filters_are_left_out_until_a_refresh_finds_them_busy():
     assert chain.request[ApiKey.API_VERSIONS] == (0, (quota, versions))
     assert chain.request[ApiKey.METADATA] == (0, (quota,))
     assert chain.request_all == (0, (quota,))
+
+
+def test_api_versions_responses_after_the_first_are_rewritten_from_the_chunk(monkeypatch):
+    async def go():
+        pair = Pair()
+        decoded = []
+        (versions_filter,) = pair.server.chain.response[ApiKey.API_VERSIONS][1]
+        on_response = versions_filter.on_response
+        monkeypatch.setattr(versions_filter, "on_response", lambda *a: decoded.append(1) or on_response(*a))
+        # A broker that offers a Produce version beyond what the proxy can decode.
+        body = bytes(ApiVersionsResponse[3](error_code=0, throttle_time_ms=0, api_keys=[
+            ApiVersionsResponse[3].ApiVersion(api_key=ApiKey.PRODUCE, min_version=0, max_version=99)]).encode())
+        for correlation_id in (1, 2, 3):
+            pair.conn.data_received(api_versions(3, correlation_id, "app"))
+            response = struct.pack(">i", correlation_id) + body
+            pair.up.data_received(struct.pack(">i", len(response)) + response)
+        assert len(decoded) == 1  # only the first response went through on_response
+        responses = list(FrameReader(1 << 30).feed(pair.client.bytes()))
+        assert [struct.unpack_from(">i", r)[0] for r in responses] == [1, 2, 3]
+        assert len({bytes(r[4:]) for r in responses}) == 1  # the same rewrite every time
+        capped = ApiVersionsResponse[3].decode(bytes(responses[2][4:]))
+        assert [k.max_version for k in capped.api_keys] == [SPECS[ApiKey.PRODUCE].max_version]
+        assert pair.server.stats.responses[(ApiKey.API_VERSIONS, 3)] == 3
+        assert pair.server.stats.bytes_upstream_to_client == len(pair.client.bytes())
+
+    asyncio.run(go())
+
+
+def test_a_reload_sends_responses_still_awaited_through_the_filters_then_in_force():
+    async def go():
+        pair = Pair()
+        pair.exchange(list_offsets(1, "app"))
+        fetch = request(FetchRequest[4](max_wait_ms=500, topics=[]), 2, "app")
+        pair.conn.data_received(fetch)
+        assert pair.conn._pending[-1].passthrough  # no filter looks at a Fetch v4 response now
+        # While the fetch is in flight, a consumer byte quota arrives: its response is charged
+        # under it (Kafka records a fetch response when it is sent) and answered throttled.
+        pair.server.reload(parse_config({**BASE, "quotas": [{"client_id": "app", "consumer_byte_rate": 1}]}))
+        body = struct.pack(">i", 2) + bytes(FetchResponse[4](throttle_time_ms=0, responses=[]).encode())
+        pair.up.data_received(struct.pack(">i", len(body)) + body)
+        (throttle_ms,) = struct.unpack_from(">i", pair.client.writes[-1], 8)
+        assert throttle_ms > 0 and pair.client.paused
+        pair.conn._teardown()
+
+    asyncio.run(go())
+
+
+def test_a_response_chunk_filter_is_used_only_where_it_is_the_only_filter():
+    class Chunked:
+        api_keys = frozenset({ApiKey.API_VERSIONS, ApiKey.METADATA})
+
+        def on_response(self, conn, entry, frame):
+            return frame
+
+        def on_response_chunk(self, conn, entry, chunk):
+            return chunk
+
+    class Plain:
+        api_keys = frozenset({ApiKey.METADATA})
+
+        def on_response(self, conn, entry, frame):
+            return frame
+
+    chunked = Chunked()
+    chain = FilterChain([], [chunked, Plain()])
+    assert chain.response_chunk == {ApiKey.API_VERSIONS: chunked.on_response_chunk}
+
+
+def test_the_hot_path_reads_acks_behind_a_flexible_header_only_without_tagged_fields():
+    from proxy.connection import _acks_not_zero, _request_head
+
+    head = _request_head(3)  # client id "app"
+    acks1, acks0 = produce(9, 1, 1, "app"), produce(9, 0, 2, "app")
+    assert _acks_not_zero(acks1, head.size, 9) and not _acks_not_zero(acks0, head.size, 9)
+    # One header tagged field (tag 0, one byte): acks is not where the hot path would look.
+    tagged = acks1[: head.size] + b"\x01\x00\x01\x07" + acks1[head.size + 1 :]
+    assert not _acks_not_zero(struct.pack(">i", len(tagged) - 4) + tagged[4:], head.size, 9)
+    assert not _acks_not_zero(acks1[: head.size + 2], head.size, 9)  # cut short
+    assert _acks_not_zero(produce(8, 1, 3, "app"), head.size, 8) and not _acks_not_zero(produce(8, 0, 4, "app"), head.size, 8)
