@@ -3,7 +3,8 @@
     python -m bench.run            # full run (about 6 minutes)
     python -m bench.run --quick    # about a minute
 
-Configurations (each gets a fresh Tansu broker, so runs do not influence each other):
+Configurations (each gets a fresh Tansu broker for throughput, so runs do not influence each
+other; for round trips, each intermediary runs again in front of one shared broker):
   direct             clients talk to Tansu
   byte-pump          bench.byte_pump (asyncio.Protocol, uvloop, no parsing) in front of Tansu,
                      which advertises the pump's port so clients stay inside it
@@ -99,17 +100,44 @@ def start_config(launcher: Launcher, name: str) -> tuple[tuple[str, int], Proc, 
         broker, pump = launcher.pumped_broker()
         return pump.address, broker, pump
     broker = launcher.tansu_broker()
-    if name == "kafka-quota-proxy":
-        proxy = launcher.our_proxy(broker.address)
-    elif name == "proxy-with-quotas":
-        proxy = launcher.our_proxy(broker.address, name=name, extra_yaml=QUOTAS_NOT_EXCEEDED)
-    elif name == "proxy-usage-log":
-        proxy = launcher.our_proxy(broker.address, name=name, extra_yaml=usage_log_yaml(launcher.workdir / "usage"))
-    elif name == "tansu-proxy":
-        proxy = launcher.tansu_proxy(broker.address)
-    else:
-        raise ValueError(name)
+    proxy = start_intermediary(launcher, name, broker.address)
     return proxy.address, broker, proxy
+
+
+def start_intermediary(launcher: Launcher, name: str, broker: tuple[str, int]) -> Proc:
+    """The intermediary of configuration ``name`` (not direct) in front of ``broker``."""
+    if name == "byte-pump":
+        return launcher.byte_pump(broker, name="rtt-byte-pump")
+    if name == "kafka-quota-proxy":
+        return launcher.our_proxy(broker)
+    if name == "proxy-with-quotas":
+        return launcher.our_proxy(broker, name=name, extra_yaml=QUOTAS_NOT_EXCEEDED)
+    if name == "proxy-usage-log":
+        return launcher.our_proxy(broker, name=name, extra_yaml=usage_log_yaml(launcher.workdir / "usage"))
+    if name == "tansu-proxy":
+        return launcher.tansu_proxy(broker)
+    raise ValueError(name)
+
+
+def start_round_trip_paths(setups: list["Setup"], launcher: Launcher) -> None:
+    """One more broker, with every configuration's intermediary in front of it, for the round
+    trips: Produce round trips through two fresh Tansu brokers differ by up to half of what an
+    intermediary adds (measured with the same proxy in front of each), so the ratios are taken
+    against one broker. The round trips need no metadata, so the pump needs no advertised
+    listener here."""
+    broker = launcher.tansu_broker(name="rtt-tansu-broker")
+    clients.create_topic(broker.address, "rtt", 1)
+    for s in setups:
+        if s.failed:
+            continue
+        try:
+            if s.name == "direct":
+                s.rtt_address = broker.address
+            else:
+                s.rtt_mid = start_intermediary(launcher, s.name, broker.address)
+                s.rtt_address = s.rtt_mid.address
+        except Exception as exc:
+            s.fail(exc)
 
 
 def _median_run(runs: list[dict]) -> dict:
@@ -194,6 +222,8 @@ class Setup:
     address: tuple[str, int] | None = None
     broker: Proc | None = None
     mid: Proc | None = None
+    rtt_address: tuple[str, int] | None = None  # the same configuration in front of the shared round-trip broker
+    rtt_mid: Proc | None = None
     failed: bool = False
 
     def fail(self, exc: BaseException) -> None:
@@ -250,15 +280,15 @@ def rtt_phase(setups: list["Setup"], plan: Plan, rnd: int, accs: dict[str, dict]
     """Sequential round trips on every live configuration, interleaved in small blocks; if that
     fails, each configuration is measured alone so the failure is pinned on the right one.
     Also records the CPU time each intermediary spent per request."""
-    live = [s for s in setups if not s.failed]
+    live = [s for s in setups if not s.failed and s.rtt_address is not None]
     for key, make_frame in RTT_KINDS:
         quiet.wait()
-        cpu0 = {s.name: cpu_seconds(s.mid.pid) for s in live if s.mid is not None}
+        cpu0 = {s.name: cpu_seconds(s.rtt_mid.pid) for s in live if s.rtt_mid is not None}
         busy0 = system_busy_seconds()
         t0 = time.monotonic()
         interleaved = True
         try:
-            got = clients.interleaved_round_trips({s.name: s.address for s in live}, make_frame(), plan.rtt_n)
+            got = clients.interleaved_round_trips({s.name: s.rtt_address for s in live}, make_frame(), plan.rtt_n)
         except Exception:
             interleaved = False
             got = {}
@@ -266,7 +296,7 @@ def rtt_phase(setups: list["Setup"], plan: Plan, rnd: int, accs: dict[str, dict]
                 if s.failed:
                     continue
                 try:
-                    got[s.name] = clients.round_trip_samples(s.address, make_frame(), plan.rtt_n)
+                    got[s.name] = clients.round_trip_samples(s.rtt_address, make_frame(), plan.rtt_n)
                 except Exception as exc:
                     s.fail(exc)
         elapsed = time.monotonic() - t0
@@ -276,7 +306,7 @@ def rtt_phase(setups: list["Setup"], plan: Plan, rnd: int, accs: dict[str, dict]
                 accs[s.name].setdefault(key, []).extend(got[s.name])
                 accs[s.name].setdefault(f"{key}_machine_busy_pct", []).append(100.0 * busy / elapsed)
                 if s.name in cpu0:
-                    used = cpu_seconds(s.mid.pid) - cpu0[s.name]
+                    used = cpu_seconds(s.rtt_mid.pid) - cpu0[s.name]
                     sent = clients.interleaved_request_count(plan.rtt_n) if interleaved else plan.rtt_n + 200
                     accs[s.name].setdefault(f"{key}_mid_cpu_us", []).append(1e6 * used / sent)
     log(f"round {rnd + 1} RTT p50 ApiVersions / Produce(1 record): " + ", ".join(
@@ -288,11 +318,13 @@ def rtt_phase(setups: list["Setup"], plan: Plan, rnd: int, accs: dict[str, dict]
 def run_all(configs: list[str], plan: Plan, workdir: Path, profile_dir: Path | None,
             quiet: Quiet) -> dict[str, dict]:
     """Start every configuration (each with its own broker), measure idle-connection memory on
-    the fresh intermediaries, then run ``plan.repeats`` rounds. A round measures request round
+    the fresh intermediaries, start every configuration's round-trip path (its intermediary in
+    front of one shared broker), then run ``plan.repeats`` rounds. A round measures request round
     trips on all configurations interleaved, then visits every configuration in turn (rotating
     the order) for produce/consume throughput, so background noise on the machine is spread over
     all of them instead of landing on one."""
     setups = [Setup(name, Launcher(workdir / name), {"config": name}) for name in configs]
+    rtt_launcher = Launcher(workdir / "round-trips")
     accs: dict[str, dict] = {name: {} for name in configs}
     try:
         for s in setups:
@@ -312,10 +344,10 @@ def run_all(configs: list[str], plan: Plan, workdir: Path, profile_dir: Path | N
                     s.result["idle_memory"] = mem.as_dict()
                     log(f"{s.name}: {mem.per_connection_bytes / 1024:.1f} KiB per idle connection "
                         f"(RSS {mem.rss_before_kib / 1024:.1f} -> {mem.rss_after_kib / 1024:.1f} MiB)")
-                clients.create_topic(s.address, "rtt", 1)
                 s.check_alive()
             except Exception as exc:
                 s.fail(exc)
+        start_round_trip_paths(setups, rtt_launcher)
         for rnd in range(plan.repeats):
             rtt_phase(setups, plan, rnd, accs, quiet)
             order = setups[rnd % len(setups):] + setups[:rnd % len(setups)]
@@ -341,6 +373,7 @@ def run_all(configs: list[str], plan: Plan, workdir: Path, profile_dir: Path | N
             if s.mid is not None and not s.failed:
                 s.result["intermediary_rss_kib_end"] = _rss(s.mid.pid)
     finally:
+        rtt_launcher.close()
         for s in setups:
             s.launcher.close()
     return {s.name: s.result for s in setups}
