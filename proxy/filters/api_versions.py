@@ -46,9 +46,12 @@ class ApiVersionsFilter:
         self.max_version = SPECS[ApiKey.API_VERSIONS].max_version
         self.request_since = {ApiKey.API_VERSIONS: self.max_version + 1}  # only unknown versions are answered
         self.uplift = uplift  # KIP-951: offer Produce v10 / Fetch v16 over v9 / v15 brokers
-        # A broker answers ApiVersions with the same body every time: rewrite each body once
-        # (with the versions this connection's requests must go up as, see UpliftFilter).
-        self._rewritten: dict[tuple[int, bytes], tuple[bytes, dict[int, int]]] = {}
+        # A broker answers ApiVersions with the same body every time: each body is rewritten
+        # once (with the versions this connection's requests must go up as, see UpliftFilter).
+        # Keyed by version and body length, so a response is matched by comparing its bytes in
+        # place: (broker body, rewritten body, uplift, the rewritten frame's size prefix).
+        self._rewritten: dict[tuple[int, int], list[tuple[bytes, bytes, dict[int, int], bytes]]] = {}
+        self._rewrites = 0
 
     def on_request(self, conn, header, frame, entry):
         if header.api_version > self.max_version:
@@ -60,23 +63,31 @@ class ApiVersionsFilter:
 
     def on_response(self, conn, entry, frame):
         # The ApiVersions response header is always v0 (KIP-511): the body starts at byte 4.
-        key = (entry.api_version, bytes(frame[4:]))
-        done = self._rewritten.get(key)
-        if done is None:
-            resp = decode_response(entry.api_key, entry.api_version, key[1])
-            done = (key[1], {}) if resp.error_code != 0 else self._capped(resp)
-            if len(self._rewritten) < 64:  # a handful of brokers x versions
-                self._rewritten[key] = done
-        body, conn.uplift = done
-        return bytes(frame[:4]) + body
+        body = frame[4:]
+        for done in self._rewritten.get((entry.api_version, len(body)), ()):
+            if done[0] == body:
+                break
+        else:
+            done = self._rewrite(entry, bytes(body))
+        conn.uplift = done[2]
+        return bytes(frame[:4]) + done[1]
 
     def on_response_chunk(self, conn, entry, chunk):
-        # Every response after a connection's first: the cached rewrite, without a decode.
-        done = self._rewritten.get((entry.api_version, chunk[8:]))
-        if done is None:
-            return None
-        body, conn.uplift = done
-        return b"".join((_INT32.pack(len(body) + 4), chunk[4:8], body))
+        # Every response after a connection's first: a rewrite already made, without a copy.
+        for done in self._rewritten.get((entry.api_version, len(chunk) - 8), ()):
+            if chunk.endswith(done[0]):
+                conn.uplift = done[2]
+                return b"".join((done[3], chunk[4:8], done[1]))
+        return None
+
+    def _rewrite(self, entry, broker_body: bytes) -> tuple[bytes, bytes, dict[int, int], bytes]:
+        resp = decode_response(entry.api_key, entry.api_version, broker_body)
+        body, uplift = (broker_body, {}) if resp.error_code != 0 else self._capped(resp)
+        done = (broker_body, body, uplift, _INT32.pack(len(body) + 4))
+        if self._rewrites < 64:  # a handful of brokers x versions
+            self._rewritten.setdefault((entry.api_version, len(broker_body)), []).append(done)
+            self._rewrites += 1
+        return done
 
     def _capped(self, resp) -> tuple[bytes, dict[int, int]]:
         broker_max = {e.api_key: e.max_version for e in resp.api_keys}
