@@ -187,7 +187,7 @@ class Launcher:
                     "--advertised-listener-url", f"tcp://127.0.0.1:{port}",
                     "--origin-url", f"tcp://{origin[0]}:{origin[1]}"]
 
-        return self._start_tansu(name, "intermediary", argv)
+        return self._start_tansu(name, "tansu-proxy", argv)  # multi-threaded: not an "intermediary" pin
 
     def _python_with_ready_file(self, name: str, argv: list[str], ready: Path, timeout_s: float) -> Proc:
         popen, log_path = self._popen(name, "intermediary", argv)

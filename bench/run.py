@@ -316,7 +316,7 @@ def rtt_phase(setups: list["Setup"], plan: Plan, rnd: int, accs: dict[str, dict]
 
 
 def run_all(configs: list[str], plan: Plan, workdir: Path, profile_dir: Path | None,
-            quiet: Quiet) -> dict[str, dict]:
+            quiet: Quiet, pin_round_trips: str | None = None) -> dict[str, dict]:
     """Start every configuration (each with its own broker), measure idle-connection memory on
     the fresh intermediaries, start every configuration's round-trip path (its intermediary in
     front of one shared broker), then run ``plan.repeats`` rounds. A round measures request round
@@ -324,7 +324,9 @@ def run_all(configs: list[str], plan: Plan, workdir: Path, profile_dir: Path | N
     the order) for produce/consume throughput, so background noise on the machine is spread over
     all of them instead of landing on one."""
     setups = [Setup(name, Launcher(workdir / name), {"config": name}) for name in configs]
-    rtt_launcher = Launcher(workdir / "round-trips")
+    # With pin_round_trips, the round-trip path's Python intermediaries (pump and proxies, one
+    # thread each) run on those CPUs; the client, the brokers and Tansu's proxy float.
+    rtt_launcher = Launcher(workdir / "round-trips", pin={"intermediary": pin_round_trips} if pin_round_trips else None)
     accs: dict[str, dict] = {name: {} for name in configs}
     try:
         for s in setups:
@@ -564,6 +566,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="CPU%% (of one core) used by other processes above which a run counts as noisy")
     p.add_argument("--noise-budget", type=float,
                    help="seconds the run may spend waiting for quiet / repeating noisy runs (default 120, quick 20)")
+    p.add_argument("--pin-round-trips", nargs="?", const=str((os.cpu_count() or 1) - 1), metavar="CPUS",
+                   help="run the round trips' byte pump and proxies on these CPUs (taskset list; default: "
+                        "the last CPU), as an intermediary with a core of its own; throughput runs stay unpinned")
     p.add_argument("--out", type=Path, default=RESULTS_DIR / "latest.json", help="JSON results file")
     p.add_argument("--workdir", type=Path, help="where logs and configs go (default: a temp dir)")
     args = p.parse_args(argv)
@@ -593,13 +598,16 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     quiet = Quiet(args.noise_threshold, args.noise_budget if args.noise_budget is not None
                   else (20.0 if args.quick else 120.0))
-    results = run_all(configs, plan, workdir, profile_dir, quiet)
+    if args.pin_round_trips and not shutil.which("taskset"):
+        p.error("--pin-round-trips needs taskset (util-linux)")
+    results = run_all(configs, plan, workdir, profile_dir, quiet, args.pin_round_trips)
 
     report = {
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
         "duration_s": time.time() - started,
         "quick": args.quick,
         "plan": plan.__dict__,
+        "round_trip_intermediaries_pinned_to": args.pin_round_trips,
         "environment": environment(),
         "open_files_limit": [soft, hard],
         "noise": {"threshold_pct": quiet.threshold_pct, "waited_s": quiet.waited_s, "retries": quiet.retries},
@@ -609,6 +617,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
     print(table(results, configs))
+    if args.pin_round_trips:
+        print(f"\nround trips: the pump and this proxy pinned to CPU(s) {args.pin_round_trips}")
     print(f"\n{len(configs)} configurations in {report['duration_s']:.0f}s; JSON: {args.out}")
     return 1 if any("error" in r for r in results.values()) else 0
 
