@@ -118,7 +118,7 @@ def _acks_not_zero(data: bytes, pos: int, version: int) -> bool:
         pos += 1  # no header tagged fields: the body follows
     try:
         return produce_acks(data, pos, version) != 0
-    except struct_error:
+    except (struct_error, HeaderError):  # cut short, or a bad varint: the general path rejects it
         return False
 
 
@@ -516,7 +516,8 @@ class ClientConnection(asyncio.Protocol):
 
     def on_upstream_frame(self, frame) -> None:
         """A response frame from the broker (UpstreamConnection.data_received sends a chunk that
-        is exactly the oldest answer due, and needs no filter, back itself)."""
+        is exactly the oldest answer due back itself, when no filter or only a chunk filter
+        needs to see it)."""
         awaiting = self._awaiting_upstream
         if self._acks0 and len(frame) >= 4:
             # Kafka never answers acks=0, but some brokers (Tansu 0.6) do: the client expects
@@ -713,12 +714,15 @@ class UpstreamConnection(asyncio.Protocol):
                 if out is not None:
                     if entry.forwarded_at:
                         entry.upstream_ms = (time.monotonic() - entry.forwarded_at) * 1000
-                    transport.write(out)
-                    awaiting.popleft()
-                    pending.popleft()
-                    client._sent(entry, len(out) - 4)
-                    if client._close_when_drained or (pending and pending[0].response is not None):
-                        client._send_due()  # answers that waited behind this one
+                    try:
+                        transport.write(out)
+                        awaiting.popleft()
+                        pending.popleft()
+                        client._sent(entry, len(out) - 4)
+                        if client._close_when_drained or (pending and pending[0].response is not None):
+                            client._send_due()  # answers that waited behind this one
+                    except Exception as exc:  # as the general path: this connection only
+                        self._response_failed(exc)
                     return
         try:
             frames = self._reader.feed(data)

@@ -440,3 +440,83 @@ def test_the_hot_path_reads_acks_behind_a_flexible_header_only_without_tagged_fi
     assert not _acks_not_zero(struct.pack(">i", len(tagged) - 4) + tagged[4:], head.size, 9)
     assert not _acks_not_zero(acks1[: head.size + 2], head.size, 9)  # cut short
     assert _acks_not_zero(produce(8, 1, 3, "app"), head.size, 8) and not _acks_not_zero(produce(8, 0, 4, "app"), head.size, 8)
+
+
+def test_a_flexible_produce_cut_inside_its_transactional_id_is_rejected_not_raised():
+    async def go():
+        pair = Pair()
+        pair.exchange(list_offsets(1, "app"))
+        # Produce v9 from the known client id, no header tags, then a varint that never ends.
+        body = struct.pack(">hhih", ApiKey.PRODUCE, 9, 2, 3) + b"app" + b"\x00" + b"\x80"
+        pair.conn.data_received(struct.pack(">i", len(body)) + body)  # must not raise
+        assert pair.client.closed
+        assert pair.server.stats.frames_rejected["bad_header"] == 1
+        assert len(pair.requests_seen_by_broker()) == 1  # never forwarded
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("ping_pong", [True, False], ids=["ping-pong", "pipelined"])
+def test_a_broker_that_answers_acks0_does_not_disturb_the_hot_paths(ping_pong):
+    async def go():
+        pair = Pair()
+        pair.exchange(list_offsets(1, "app"))
+        acks0, hot = produce(8, 0, 2, "app"), list_offsets(3, "app")
+
+        def tansu_answer(frame: bytes) -> bytes:  # Tansu 0.6 answers acks=0 too
+            payload = frame[8:12] + b"produce-answer"
+            return struct.pack(">i", len(payload)) + payload
+
+        pair.conn.data_received(acks0)
+        if ping_pong:
+            pair.up.data_received(tansu_answer(acks0))
+        pair.conn.data_received(hot)
+        if not ping_pong:
+            pair.up.data_received(tansu_answer(acks0))
+        pair.up.data_received(answer(hot[4:]))
+        assert pair.answered() == [1, 3] and not pair.client.closed
+        assert pair.client.writes[-1] is not None and not pair.conn._pending
+
+    asyncio.run(go())
+
+
+def test_a_chunk_filter_that_raises_closes_only_its_connection():
+    async def go():
+        pair = Pair()
+
+        def broken(conn, entry, chunk):
+            raise ValueError("broken filter")
+
+        pair.server.chain.response_chunk[ApiKey.API_VERSIONS] = broken
+        pair.exchange(api_versions(3, 1, "app"))  # must not raise out of data_received
+        assert pair.client.closed and pair.client.writes == []
+
+    asyncio.run(go())
+
+
+def test_a_connection_closing_after_its_answers_closes_after_a_hot_path_answer():
+    async def go():
+        pair = Pair()
+        pair.exchange(list_offsets(1, "app"))
+        pair.conn.data_received(list_offsets(2, "app"))  # hot path, awaiting the broker
+        pair.conn.data_received(struct.pack(">i", -5))  # a bad frame: close once 2 is answered
+        assert not pair.client.closed
+        pair.up.data_received(answer(list_offsets(2, "app")[4:]))
+        assert pair.answered() == [1, 2] and pair.client.closed
+
+    asyncio.run(go())
+
+
+def test_a_failure_while_sending_a_hot_path_answer_closes_only_its_connection():
+    async def go():
+        pair = Pair()
+        pair.exchange(list_offsets(1, "app"))
+
+        def write(data):
+            raise RuntimeError("transport failed")
+
+        pair.client.write = write
+        pair.exchange(list_offsets(2, "app"))  # must not raise out of data_received
+        assert pair.client.closed
+
+    asyncio.run(go())
