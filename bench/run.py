@@ -119,17 +119,20 @@ def start_intermediary(launcher: Launcher, name: str, broker: tuple[str, int]) -
     raise ValueError(name)
 
 
-def start_round_trip_paths(setups: list["Setup"], launcher: Launcher) -> None:
+def start_round_trip_paths(setups: list["Setup"], launcher: Launcher) -> Proc | None:
     """One more broker, with every configuration's intermediary in front of it, for the round
-    trips: Produce round trips through two fresh Tansu brokers differ by up to half of what an
-    intermediary adds (measured with the same proxy in front of each), so the ratios are taken
-    against one broker. The round trips need no metadata, so the pump needs no advertised
-    listener here."""
-    broker = launcher.tansu_broker(name="rtt-tansu-broker")
-    clients.create_topic(broker.address, "rtt", 1)
+    trips: Produce round trips through two fresh Tansu brokers differ by up to a third of what
+    an intermediary adds (measured with the same proxy in front of each), so the ratios are
+    taken against one broker. The round trips need no metadata, so the pump needs no
+    advertised listener here. Returns the broker (None if it could not start: no round trips)."""
+    try:
+        broker = launcher.tansu_broker(name="rtt-tansu-broker")
+        clients.create_topic(broker.address, "rtt", 1)
+    except Exception as exc:
+        for s in setups:
+            s.rtt_fail(f"shared round-trip broker: {type(exc).__name__}: {exc}")
+        return None
     for s in setups:
-        if s.failed:
-            continue
         try:
             if s.name == "direct":
                 s.rtt_address = broker.address
@@ -137,7 +140,8 @@ def start_round_trip_paths(setups: list["Setup"], launcher: Launcher) -> None:
                 s.rtt_mid = start_intermediary(launcher, s.name, broker.address)
                 s.rtt_address = s.rtt_mid.address
         except Exception as exc:
-            s.fail(exc)
+            s.rtt_fail(f"{type(exc).__name__}: {exc}")
+    return broker
 
 
 def _median_run(runs: list[dict]) -> dict:
@@ -232,6 +236,12 @@ class Setup:
         self.result["traceback"] = traceback.format_exc()
         log(f"{self.name}: FAILED: {self.result['error']}")
 
+    def rtt_fail(self, reason: str) -> None:
+        """The round-trip path failed: no more round trips here; throughput goes on."""
+        self.rtt_address = None
+        self.result["rtt_error"] = reason
+        log(f"{self.name}: round trips FAILED: {reason}")
+
     def check_alive(self) -> None:
         for proc in self.launcher.procs:
             if not proc.alive():
@@ -276,11 +286,13 @@ RTT_KINDS = (("rtt_api_versions", lambda: clients.api_versions_frame(3)),
              ("rtt_produce", lambda: clients.produce_frame("rtt")))
 
 
-def rtt_phase(setups: list["Setup"], plan: Plan, rnd: int, accs: dict[str, dict], quiet: Quiet) -> None:
-    """Sequential round trips on every live configuration, interleaved in small blocks; if that
-    fails, each configuration is measured alone so the failure is pinned on the right one.
-    Also records the CPU time each intermediary spent per request."""
-    live = [s for s in setups if not s.failed and s.rtt_address is not None]
+def rtt_phase(setups: list["Setup"], plan: Plan, rnd: int, accs: dict[str, dict], quiet: Quiet,
+              broker: Proc) -> None:
+    """Sequential round trips on every configuration whose round-trip path is up, interleaved in
+    small blocks; if that fails, each configuration is measured alone so the failure is pinned
+    on the right one (or on the shared broker). Also records the CPU time each intermediary
+    spent per request. A failure here stops that configuration's round trips only."""
+    live = [s for s in setups if s.rtt_address is not None]
     for key, make_frame in RTT_KINDS:
         quiet.wait()
         cpu0 = {s.name: cpu_seconds(s.rtt_mid.pid) for s in live if s.rtt_mid is not None}
@@ -293,12 +305,14 @@ def rtt_phase(setups: list["Setup"], plan: Plan, rnd: int, accs: dict[str, dict]
             interleaved = False
             got = {}
             for s in live:
-                if s.failed:
+                if s.rtt_address is None:
                     continue
                 try:
                     got[s.name] = clients.round_trip_samples(s.rtt_address, make_frame(), plan.rtt_n)
                 except Exception as exc:
-                    s.fail(exc)
+                    if not broker.alive():
+                        exc = RuntimeError(f"the shared round-trip broker exited:\n{broker.log_tail()}")
+                    s.rtt_fail(f"{type(exc).__name__}: {exc}")
         elapsed = time.monotonic() - t0
         busy = system_busy_seconds() - busy0
         for s in live:
@@ -309,10 +323,13 @@ def rtt_phase(setups: list["Setup"], plan: Plan, rnd: int, accs: dict[str, dict]
                     used = cpu_seconds(s.rtt_mid.pid) - cpu0[s.name]
                     sent = clients.interleaved_request_count(plan.rtt_n) if interleaved else plan.rtt_n + 200
                     accs[s.name].setdefault(f"{key}_mid_cpu_us", []).append(1e6 * used / sent)
+    def p50(name: str, key: str) -> str:
+        samples = accs[name].get(key)
+        return f"{clients.summarize(samples[-plan.rtt_n:]).p50_us:.0f}" if samples else "-"
+
     log(f"round {rnd + 1} RTT p50 ApiVersions / Produce(1 record): " + ", ".join(
-        f"{s.name} {clients.summarize(accs[s.name]['rtt_api_versions'][-plan.rtt_n:]).p50_us:.0f}"
-        f"/{clients.summarize(accs[s.name]['rtt_produce'][-plan.rtt_n:]).p50_us:.0f} us"
-        for s in live if not s.failed))
+        f"{s.name} {p50(s.name, 'rtt_api_versions')}/{p50(s.name, 'rtt_produce')} us"
+        for s in live if s.rtt_address is not None))
 
 
 def run_all(configs: list[str], plan: Plan, workdir: Path, profile_dir: Path | None,
@@ -349,9 +366,10 @@ def run_all(configs: list[str], plan: Plan, workdir: Path, profile_dir: Path | N
                 s.check_alive()
             except Exception as exc:
                 s.fail(exc)
-        start_round_trip_paths(setups, rtt_launcher)
+        rtt_broker = start_round_trip_paths(setups, rtt_launcher)
         for rnd in range(plan.repeats):
-            rtt_phase(setups, plan, rnd, accs, quiet)
+            if rtt_broker is not None:
+                rtt_phase(setups, plan, rnd, accs, quiet, rtt_broker)
             order = setups[rnd % len(setups):] + setups[:rnd % len(setups)]
             for s in order:
                 if s.failed:
@@ -524,6 +542,8 @@ def table(results: dict[str, dict], configs: list[str]) -> str:
     for c in configs:
         if "error" in results.get(c, {}):
             lines.append(f"\n{c} FAILED: {results[c]['error']}")
+        if "rtt_error" in results.get(c, {}):
+            lines.append(f"\n{c} round trips FAILED: {results[c]['rtt_error']}")
     return "\n".join(lines)
 
 
@@ -566,9 +586,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="CPU%% (of one core) used by other processes above which a run counts as noisy")
     p.add_argument("--noise-budget", type=float,
                    help="seconds the run may spend waiting for quiet / repeating noisy runs (default 120, quick 20)")
-    p.add_argument("--pin-round-trips", nargs="?", const=str((os.cpu_count() or 1) - 1), metavar="CPUS",
+    p.add_argument("--pin-round-trips", nargs="?", const=str(max(os.sched_getaffinity(0))), metavar="CPUS",
                    help="run the round trips' byte pump and proxies on these CPUs (taskset list; default: "
-                        "the last CPU), as an intermediary with a core of its own; throughput runs stay unpinned")
+                        "the last CPU this process may use); throughput runs stay unpinned")
     p.add_argument("--out", type=Path, default=RESULTS_DIR / "latest.json", help="JSON results file")
     p.add_argument("--workdir", type=Path, help="where logs and configs go (default: a temp dir)")
     args = p.parse_args(argv)
@@ -620,7 +640,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.pin_round_trips:
         print(f"\nround trips: the pump and this proxy pinned to CPU(s) {args.pin_round_trips}")
     print(f"\n{len(configs)} configurations in {report['duration_s']:.0f}s; JSON: {args.out}")
-    return 1 if any("error" in r for r in results.values()) else 0
+    return 1 if any("error" in r or "rtt_error" in r for r in results.values()) else 0
 
 
 if __name__ == "__main__":
