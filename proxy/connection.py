@@ -109,9 +109,9 @@ class InFlight:
 
 
 def _acks_not_zero(data: bytes, pos: int, version: int) -> bool:
-    """Whether a whole Produce frame (with its size prefix), whose request header ends at the
-    client id at ``pos``, has an acks other than 0. False too when it cannot tell (header tagged
-    fields, a truncated frame): the general path then reads it, or rejects the frame."""
+    """Whether a Produce frame (with its size prefix; its first chunk is enough), whose request
+    header ends at the client id at ``pos``, has an acks other than 0. False too when it cannot
+    tell (header tagged fields, cut short): the general path then reads it, or rejects it."""
     if version >= _PRODUCE_FIRST_FLEXIBLE:
         if pos >= len(data) or data[pos] != 0:
             return False  # the header has tagged fields (or is cut short)
@@ -158,7 +158,7 @@ class ClientConnection(asyncio.Protocol):
         "upstream", "_reader", "_pending", "_awaiting_upstream", "_unsent", "_closed",
         "_raw_sasl_frames", "_close_when_drained", "gate", "_connect_task", "_muted_until", "_unmute",
         "_deferred", "_held", "_held_error", "_acks0", "uplift", "_holding", "usage", "_client_id_len",
-        "_client_id_raw", "_head",
+        "_client_id_raw", "_head", "_through",
     )
 
     def __init__(self, server: ProxyServer, node_id: int | None) -> None:
@@ -197,6 +197,9 @@ class ClientConnection(asyncio.Protocol):
         self._client_id_len = -1
         self._client_id_raw = b""
         self._head: Struct | None = None
+        # Bytes of a hot-path request longer than the chunk it started in that are still to
+        # come: they go to the broker as they arrive, never assembled into a frame.
+        self._through = 0
 
     # -- client side ------------------------------------------------------------------------
 
@@ -212,21 +215,36 @@ class ClientConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         n = len(data)
+        if self._through:
+            if self._closed:
+                return
+            through = self._through
+            # The rest of a request the hot path started: to the broker as it comes.
+            self.upstream.transport.write(data if n <= through else data[:through])
+            self.stats.bytes_client_to_upstream += min(n, through)
+            self._through = max(through - n, 0)
+            if n <= through:
+                return
+            data = data[through:]  # the next request(s) begin in this chunk
+            n = len(data)
         head = self._head
         if (head is not None and n >= head.size and self._reader.idle and self._deferred is None
                 and not self._raw_sasl_frames and type(data) is bytes):
-            # The hot path: exactly one request, of a known API, from the client id of the last
-            # request parsed in full, at a version no filter looks at, and not an acks=0
-            # Produce. The very bytes that came in go upstream first; the bookkeeping follows.
+            # The hot path: one request (whole in this chunk, or starting it and no more), of a
+            # known API, from the client id of the last request parsed in full, at a version no
+            # filter looks at, and not an acks=0 Produce. The very bytes that came in go
+            # upstream first; the bookkeeping follows, and the rest of a longer request goes
+            # upstream as it arrives (see _through).
             size, key, version, correlation_id, id_len, client_id = head.unpack_from(data)
             known = self.chain.request.get(key)  # None: an unknown API, counted on the general path
             up = self.upstream
-            if (size == n - 4 and known is not None and 0 <= version < known[0]
+            if (size >= n - 4 and known is not None and 0 <= version < known[0]
                     and id_len == self._client_id_len and client_id == self._client_id_raw
                     and size <= self._reader.max_frame_bytes and up is not None and up.transport is not None
                     and not self._closed and (key != _PRODUCE or _acks_not_zero(data, head.size, version))):
                 received_at = time.monotonic()
                 up.transport.write(data)
+                self._through = size + 4 - n
                 entry = InFlight(correlation_id, key, version, received_at, size)
                 self._choose_response_path(entry)
                 self._pending.append(entry)

@@ -176,7 +176,15 @@ def scenario() -> list[bytes]:
         list_offsets(17, None),  # hot path, with the proxy's own answer to 18 waiting behind it
         raw_request(ApiKey.API_VERSIONS, 99, 18, None, b"\x00"),
         produce(9, 0, 19, None),  # acks=0 behind a flexible header: never answered
+        big_produce(20, None),  # longer than a header chunk: the rest passes through as it comes
     ]
+
+
+def big_produce(correlation_id: int, client_id: str | None) -> bytes:
+    """A Produce v8 (acks=1) of 244-odd bytes; its records are not a real batch (never read)."""
+    R = ProduceRequest[8]
+    data = R.TopicProduceData(name="t", partition_data=[R.TopicProduceData.PartitionProduceData(index=0, records=b"x" * 200)])
+    return request(R(acks=1, timeout_ms=1000, transactional_id=None, topic_data=[data]), correlation_id, client_id)
 
 
 def run(chunks_of, requests: list[bytes], ping_pong: bool) -> tuple[Pair, list]:
@@ -225,6 +233,17 @@ def one_chunk(data: bytes) -> list[bytes]:
     return [data]
 
 
+def split_after_header(data: bytes) -> list[bytes]:
+    """Every frame in two chunks: its first 30 bytes (the header, and a Produce's acks), then
+    the rest (what the hot path passes through as it comes)."""
+    return [part for f in _frames_with_prefix(data) for part in (f[:30], f[30:]) if part]
+
+
+def fifty_byte_chunks(data: bytes) -> list[bytes]:
+    """Chunks that end inside frames and hold the tail of one and the head of the next."""
+    return [data[i : i + 50] for i in range(0, len(data), 50)]
+
+
 def byte_by_byte(data: bytes) -> list[bytes]:
     return [data[i : i + 1] for i in range(len(data))]
 
@@ -250,19 +269,19 @@ def test_every_chunking_gives_the_same_bytes_order_and_counts(ping_pong):
     fast, _ = run(whole, requests, ping_pong)
     reference = outcome(fast)
     assert not reference["closed"] and reference["owed"] == 0
-    for chunking in (one_chunk, byte_by_byte):
+    for chunking in (one_chunk, byte_by_byte, split_after_header, fifty_byte_chunks):
         assert outcome(run(chunking, requests, ping_pong)[0]) == reference, chunking.__name__
 
 
 def test_responses_reach_the_client_in_request_order_with_every_answer():
     pair, _ = run(whole, scenario(), ping_pong=False)
-    assert pair.answered() == [1, 2, 3, 5, *range(7, 19)]  # 4 and 6 were acks=0
+    assert pair.answered() == [1, 2, 3, 5, *range(7, 19), 20]  # 4, 6 and 19 were acks=0
 
 
 def test_the_client_id_is_always_the_one_of_the_last_request():
     requests = scenario()
     _, ids = run(whole, requests, ping_pong=True)
-    expected = ["app"] * 10 + ["other", "other", "otter"] + [None] * 6
+    expected = ["app"] * 10 + ["other", "other", "otter"] + [None] * 7
     assert ids == expected
 
 
@@ -518,5 +537,25 @@ def test_a_failure_while_sending_a_hot_path_answer_closes_only_its_connection():
         pair.client.write = write
         pair.exchange(list_offsets(2, "app"))  # must not raise out of data_received
         assert pair.client.closed
+
+    asyncio.run(go())
+
+
+def test_a_hot_path_request_longer_than_its_first_chunk_passes_through_unassembled():
+    async def go():
+        pair = Pair()
+        pair.exchange(list_offsets(1, "app"))
+        big = big_produce(2, "app")
+        first, second, third = big[:30], big[30:140], big[140:] + list_offsets(3, "app")
+        pair.conn.data_received(first)
+        pair.conn.data_received(second)
+        assert pair.broker.writes[-2] is first and pair.broker.writes[-1] is second  # as they came
+        assert pair.conn._reader.idle  # nothing buffered in the proxy
+        pair.conn.data_received(third)  # the tail of 2, then all of 3 (hot path again)
+        assert pair.requests_seen_by_broker()[1:] == [big[4:], list_offsets(3, "app")[4:]]
+        for r in pair.requests_seen_by_broker()[1:]:
+            pair.up.data_received(answer(r))
+        assert pair.answered() == [1, 2, 3]
+        assert pair.server.stats.bytes_client_to_upstream == len(pair.broker.bytes())
 
     asyncio.run(go())
