@@ -157,7 +157,7 @@ class ClientConnection(asyncio.Protocol):
         "server", "cluster", "stats", "chain", "node_id", "session", "label", "transport",
         "upstream", "_reader", "_pending", "_awaiting_upstream", "_unsent", "_closed",
         "_raw_sasl_frames", "_close_when_drained", "gate", "_connect_task", "_muted_until", "_unmute",
-        "_deferred", "_held", "_held_error", "_acks0", "uplift", "_holding", "usage", "_client_id_len",
+        "_deferred", "_held", "_held_error", "_acks0", "_uplift", "_requests", "_holding", "usage", "_client_id_len",
         "_client_id_raw", "_head", "_through",
     )
 
@@ -188,7 +188,8 @@ class ClientConnection(asyncio.Protocol):
         self._connect_task: asyncio.Task | None = None
         # KIP-951 uplift: api key -> the version this broker has, for requests the client
         # sends one version higher (set from the broker's ApiVersions answer).
-        self.uplift: dict[int, int] | None = None
+        self._uplift: dict[int, int] | None = None
+        self._requests = self.chain.request_without_uplift  # see the uplift property
         self._holding: set[asyncio.Task] = set()  # responses a filter is holding (Hold)
         self.usage = server.usage  # proxy.usage_log.UsageLog, or None when off
         # The session's client_id as it is on the wire (length, -1 for null; bytes) and a struct
@@ -236,7 +237,7 @@ class ClientConnection(asyncio.Protocol):
             # upstream first; the bookkeeping follows, and the rest of a longer request goes
             # upstream as it arrives (see _through).
             size, key, version, correlation_id, id_len, client_id = head.unpack_from(data)
-            known = self.chain.request.get(key)  # None: an unknown API, counted on the general path
+            known = self._requests.get(key)  # None: an unknown API, counted on the general path
             up = self.upstream
             if (size >= n - 4 and known is not None and 0 <= version < known[0]
                     and id_len == self._client_id_len and client_id == self._client_id_raw
@@ -300,7 +301,7 @@ class ClientConnection(asyncio.Protocol):
         self.session.client_id = header.client_id
         entry = InFlight(header.correlation_id, key, header.api_version, time.monotonic(), len(frame))
         chain = self.chain
-        since, filters = chain.request.get(key, chain.request_all)
+        since, filters = self._requests.get(key, chain.request_all)
         if header.api_version >= since:
             self._apply_filters(header, frame, entry, filters, out)
         else:
@@ -471,10 +472,24 @@ class ClientConnection(asyncio.Protocol):
         else:
             entry.chunk_filter = chain.response_chunk.get(key)
 
+    @property
+    def uplift(self) -> dict[int, int] | None:
+        """KIP-951 uplift for this connection, from the broker's ApiVersions answer: {api key:
+        the broker's highest version} for the APIs a client may send one version higher."""
+        return self._uplift
+
+    @uplift.setter
+    def uplift(self, uplift: dict[int, int] | None) -> None:
+        self._uplift = uplift
+        # Without an uplift, the filters that only act on one are not asked about requests.
+        self._requests = self.chain.request if uplift else self.chain.request_without_uplift
+
     def chain_changed(self) -> None:
-        """The filters changed (a reload): responses still awaited take the general path, which
-        runs the filters in force when they arrive (as Kafka's ClientQuotaManager records a
-        response under the quota in force when it is sent)."""
+        """The filters changed (a reload): requests are looked up in the new chain, and
+        responses still awaited take the general path, which runs the filters in force when
+        they arrive (as Kafka's ClientQuotaManager records a response under the quota in force
+        when it is sent)."""
+        self.uplift = self._uplift
         for entry in self._awaiting_upstream:
             entry.passthrough = False
             entry.chunk_filter = None

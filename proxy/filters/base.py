@@ -89,12 +89,16 @@ class FilterChain:
     reload changes what the filters enforce.
     """
 
-    __slots__ = ("_request_filters", "_response_filters", "request", "request_all", "response", "response_chunk")
+    __slots__ = ("_request_filters", "_response_filters", "request", "request_all", "response", "response_chunk",
+                 "request_without_uplift")
 
     def __init__(self, request_filters: Iterable[RequestFilter], response_filters: Iterable[ResponseFilter]):
         self._request_filters = tuple(request_filters)
         self._response_filters = tuple(response_filters)
         self.request: dict[int, tuple[int, tuple[RequestFilter, ...]]] = {}
+        # The same without filters whose ``needs_uplift`` is true (they act only on a connection
+        # whose ApiVersions answer asked for an uplift): what every other connection uses.
+        self.request_without_uplift: dict[int, tuple[int, tuple[RequestFilter, ...]]] = {}
         self.request_all: tuple[int, tuple[RequestFilter, ...]] = UNFILTERED
         self.response: dict[int, tuple[int, tuple[ResponseFilter, ...]]] = {}
         # API key -> the on_response_chunk of the one response filter it has, if it offers one.
@@ -103,10 +107,24 @@ class FilterChain:
 
     def refresh(self) -> None:
         """Rebuilds the per-API entries from the filters that are not idle now."""
+        self.request, self.request_all = self._requests(uplift=True)
+        self.request_without_uplift, _ = self._requests(uplift=False)
+        response: dict[int, list[tuple[int, ResponseFilter]]] = {}
+        for f in self._response_filters:
+            if getattr(f, "idle", False):
+                continue
+            since = getattr(f, "response_since", {})
+            for key in getattr(f, "response_api_keys", f.api_keys):
+                response.setdefault(key, []).append((since.get(key, 0), f))
+        self.response = {key: _entry(fs) for key, fs in response.items()}
+        self.response_chunk = {key: fs[0][1].on_response_chunk for key, fs in response.items()
+                               if len(fs) == 1 and hasattr(fs[0][1], "on_response_chunk")}
+
+    def _requests(self, uplift: bool) -> tuple[dict, tuple]:
         every: list[RequestFilter] = []
         request: dict[int, list[tuple[int, RequestFilter]]] = {key: [] for key in SPECS}
         for f in self._request_filters:
-            if getattr(f, "idle", False):
+            if getattr(f, "idle", False) or (not uplift and getattr(f, "needs_uplift", False)):
                 continue
             if f.api_keys is None:
                 every.append(f)
@@ -116,18 +134,8 @@ class FilterChain:
                 since = getattr(f, "request_since", {})
                 for key in f.api_keys:
                     request.setdefault(key, [(0, g) for g in every]).append((since.get(key, 0), f))
-        response: dict[int, list[tuple[int, ResponseFilter]]] = {}
-        for f in self._response_filters:
-            if getattr(f, "idle", False):
-                continue
-            since = getattr(f, "response_since", {})
-            for key in getattr(f, "response_api_keys", f.api_keys):
-                response.setdefault(key, []).append((since.get(key, 0), f))
-        self.request = {key: _entry(fs) for key, fs in request.items()}  # every known API
-        self.request_all = (0, tuple(every)) if every else UNFILTERED
-        self.response = {key: _entry(fs) for key, fs in response.items()}
-        self.response_chunk = {key: fs[0][1].on_response_chunk for key, fs in response.items()
-                               if len(fs) == 1 and hasattr(fs[0][1], "on_response_chunk")}
+        # Every known API has an entry; request_all is for the others.
+        return {key: _entry(fs) for key, fs in request.items()}, ((0, tuple(every)) if every else UNFILTERED)
 
 
 def _entry(filters: list[tuple[int, object]]) -> tuple[int, tuple]:

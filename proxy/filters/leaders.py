@@ -155,6 +155,7 @@ class UpliftFilter:
 
     api_keys = frozenset(UPLIFT_FROM)
     request_since = {key: lower + 1 for key, lower in UPLIFT_FROM.items()}  # only these go up
+    needs_uplift = True  # a connection whose broker needs no uplift skips it (FilterChain)
 
     def on_request(self, conn, header, frame, entry):
         lower = conn.uplift.get(header.api_key) if conn.uplift else None

@@ -559,3 +559,24 @@ def test_a_hot_path_request_longer_than_its_first_chunk_passes_through_unassembl
         assert pair.server.stats.bytes_client_to_upstream == len(pair.broker.bytes())
 
     asyncio.run(go())
+
+
+def test_produce_v10_takes_the_hot_path_unless_its_connection_uplifts():
+    async def go():
+        pair = Pair()
+        pair.exchange(list_offsets(1, "app"))
+        plain = produce(10, 1, 2, "app")
+        pair.conn.data_received(plain)
+        assert pair.broker.writes[-1] is plain  # the uplift filter is not asked: nothing to do
+        # A broker that only has Produce v9 (the ApiVersions answer set the uplift): the
+        # client's v10 goes to the broker as v9 (KIP-951 uplift, proxy.filters.leaders).
+        pair.conn.uplift = {ApiKey.PRODUCE: 9}
+        pair.conn.data_received(produce(10, 1, 3, "app"))
+        (version,) = struct.unpack_from(">h", pair.requests_seen_by_broker()[-1], 2)
+        assert version == 9 and pair.server.stats.uplifted_requests["Produce"] == 1
+        pair.server.reload(parse_config(BASE))  # a reload keeps the connection's uplift
+        pair.conn.data_received(produce(10, 1, 4, "app"))
+        assert struct.unpack_from(">h", pair.requests_seen_by_broker()[-1], 2)[0] == 9
+        pair.conn._teardown()
+
+    asyncio.run(go())
