@@ -305,8 +305,6 @@ def rtt_phase(setups: list["Setup"], plan: Plan, rnd: int, accs: dict[str, dict]
             interleaved = False
             got = {}
             for s in live:
-                if s.rtt_address is None:
-                    continue
                 try:
                     got[s.name] = clients.round_trip_samples(s.rtt_address, make_frame(), plan.rtt_n)
                 except Exception as exc:

@@ -106,8 +106,6 @@ class InFlight:
         self.chunk_filter = None  # else: the response's one filter, run on the chunk it came in
 
 
-
-
 def _acks_not_zero(data: bytes, pos: int, version: int) -> bool:
     """Whether a Produce frame (with its size prefix; its first chunk is enough), whose request
     header ends at the client id at ``pos``, has an acks other than 0. False too when it cannot
@@ -216,16 +214,19 @@ class ClientConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         n = len(data)
-        if self._through:
+        through = self._through
+        if through:
+            # The rest of a request the hot path started: to the broker as it comes.
             if self._closed:
                 return
-            through = self._through
-            # The rest of a request the hot path started: to the broker as it comes.
-            self.upstream.transport.write(data if n <= through else data[:through])
-            self.stats.bytes_client_to_upstream += min(n, through)
-            self._through = max(through - n, 0)
             if n <= through:
+                self.upstream.transport.write(data)
+                self.stats.bytes_client_to_upstream += n
+                self._through = through - n
                 return
+            self.upstream.transport.write(data[:through])
+            self.stats.bytes_client_to_upstream += through
+            self._through = 0
             data = data[through:]  # the next request(s) begin in this chunk
             n = len(data)
         head = self._head
@@ -300,8 +301,7 @@ class ClientConnection(asyncio.Protocol):
             self._remember_client_id(header.client_id)
         self.session.client_id = header.client_id
         entry = InFlight(header.correlation_id, key, header.api_version, time.monotonic(), len(frame))
-        chain = self.chain
-        since, filters = self._requests.get(key, chain.request_all)
+        since, filters = self._requests.get(key, self.chain.request_all)
         if header.api_version >= since:
             self._apply_filters(header, frame, entry, filters, out)
         else:
@@ -734,28 +734,25 @@ class UpstreamConnection(asyncio.Protocol):
                 # The hot path: exactly one response, the oldest answer due (what _complete
                 # would send first), which nothing changes or whose one filter rewrites it as
                 # a chunk: it goes back at once, and the bookkeeping follows.
-                if entry.passthrough:
-                    out = data
-                elif entry.chunk_filter is not None:
-                    try:
-                        out = entry.chunk_filter(client, entry, data)
-                    except Exception as exc:
-                        self._response_failed(exc)
-                        return
-                else:
-                    out = None
-                if out is not None:
-                    if entry.forwarded_at:
-                        entry.upstream_ms = (time.monotonic() - entry.forwarded_at) * 1000
-                    try:
+                try:
+                    if entry.passthrough:
+                        out = data
+                    elif entry.chunk_filter is not None:
+                        out = entry.chunk_filter(client, entry, data)  # None: the general path
+                    else:
+                        out = None
+                    if out is not None:
+                        if entry.forwarded_at:
+                            entry.upstream_ms = (time.monotonic() - entry.forwarded_at) * 1000
                         transport.write(out)
                         awaiting.popleft()
                         pending.popleft()
                         client._sent(entry, len(out) - 4)
                         if client._close_when_drained or (pending and pending[0].response is not None):
                             client._send_due()  # answers that waited behind this one
-                    except Exception as exc:  # as the general path: this connection only
-                        self._response_failed(exc)
+                        return
+                except Exception as exc:  # as the general path: this connection only
+                    self._response_failed(exc)
                     return
         try:
             frames = self._reader.feed(data)

@@ -63,21 +63,24 @@ class ApiVersionsFilter:
 
     def on_response(self, conn, entry, frame):
         # The ApiVersions response header is always v0 (KIP-511): the body starts at byte 4.
-        body = frame[4:]
-        for done in self._rewritten.get((entry.api_version, len(body)), ()):
-            if done[0] == body:
-                break
-        else:
-            done = self._rewrite(entry, bytes(body))
+        data = bytes(frame)
+        done = self._find(entry.api_version, data, 4) or self._rewrite(entry, data[4:])
         conn.uplift = done[2]
-        return bytes(frame[:4]) + done[1]
+        return data[:4] + done[1]
 
     def on_response_chunk(self, conn, entry, chunk):
         # Every response after a connection's first: a rewrite already made, without a copy.
-        for done in self._rewritten.get((entry.api_version, len(chunk) - 8), ()):
-            if chunk.endswith(done[0]):
-                conn.uplift = done[2]
-                return b"".join((done[3], chunk[4:8], done[1]))
+        done = self._find(entry.api_version, chunk, 8)
+        if done is None:
+            return None
+        conn.uplift = done[2]
+        return b"".join((done[3], chunk[4:8], done[1]))
+
+    def _find(self, version: int, data: bytes, offset: int) -> tuple[bytes, bytes, dict[int, int], bytes] | None:
+        """The rewrite already made of the broker body at ``data[offset:]`` (compared in place)."""
+        for done in self._rewritten.get((version, len(data) - offset), ()):
+            if data.startswith(done[0], offset):
+                return done
         return None
 
     def _rewrite(self, entry, broker_body: bytes) -> tuple[bytes, bytes, dict[int, int], bytes]:
