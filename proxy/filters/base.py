@@ -74,6 +74,7 @@ class ResponseFilter(Protocol):
 
 _NEVER = 2**15  # above any int16 version
 UNFILTERED = (_NEVER, ())  # a FilterChain entry: no filter looks at any version
+UNROUTED = (_NEVER, None)  # a response_route entry: every version goes back as it came
 
 
 class FilterChain:
@@ -89,7 +90,7 @@ class FilterChain:
     reload changes what the filters enforce.
     """
 
-    __slots__ = ("_request_filters", "_response_filters", "request", "request_all", "response", "response_chunk",
+    __slots__ = ("_request_filters", "_response_filters", "request", "request_all", "response", "response_route",
                  "request_without_uplift")
 
     def __init__(self, request_filters: Iterable[RequestFilter], response_filters: Iterable[ResponseFilter]):
@@ -101,8 +102,10 @@ class FilterChain:
         self.request_without_uplift: dict[int, tuple[int, tuple[RequestFilter, ...]]] = {}
         self.request_all: tuple[int, tuple[RequestFilter, ...]] = UNFILTERED
         self.response: dict[int, tuple[int, tuple[ResponseFilter, ...]]] = {}
-        # API key -> the on_response_chunk of the one response filter it has, if it offers one.
-        self.response_chunk: dict[int, object] = {}
+        # API key -> (since, chunk filter) for the APIs with response filters: a response below
+        # ``since`` goes back as it came; at or above, through the API's one filter's
+        # on_response_chunk if it has exactly one that offers it (else None: the filters).
+        self.response_route: dict[int, tuple[int, object]] = {}
         self.refresh()
 
     def refresh(self) -> None:
@@ -117,8 +120,10 @@ class FilterChain:
             for key in getattr(f, "response_api_keys", f.api_keys):
                 response.setdefault(key, []).append((since.get(key, 0), f))
         self.response = {key: _entry(fs) for key, fs in response.items()}
-        self.response_chunk = {key: fs[0][1].on_response_chunk for key, fs in response.items()
-                               if len(fs) == 1 and hasattr(fs[0][1], "on_response_chunk")}
+        self.response_route = {
+            key: (self.response[key][0], getattr(fs[0][1], "on_response_chunk", None) if len(fs) == 1 else None)
+            for key, fs in response.items()
+        }
 
     def _requests(self, uplift: bool) -> tuple[dict, tuple]:
         every: list[RequestFilter] = []

@@ -20,8 +20,8 @@ from kafka.protocol.producer import ProduceRequest
 from config import parse_config
 from protocol.apis import SPECS, ApiKey
 from protocol.frames import FrameReader
-from proxy.connection import ClientConnection, UpstreamConnection
-from proxy.filters.base import FilterChain
+from proxy.connection import AS_READ, ClientConnection, UpstreamConnection
+from proxy.filters.base import Defer, FilterChain
 from proxy.server import ProxyServer
 
 BASE = {
@@ -408,13 +408,35 @@ def test_api_versions_responses_after_the_first_are_rewritten_from_the_chunk(mon
     asyncio.run(go())
 
 
+def test_an_api_versions_answer_that_changes_is_rewritten_again():
+    async def go():
+        pair = Pair()
+
+        def body(produce_max: int) -> bytes:  # the same length whatever the version
+            return bytes(ApiVersionsResponse[3](error_code=0, throttle_time_ms=0, api_keys=[
+                ApiVersionsResponse[3].ApiVersion(api_key=ApiKey.PRODUCE, min_version=0, max_version=produce_max)]
+            ).encode())
+
+        # A broker rolled from Produce v7 to v8 and back, between a connection's ApiVersions.
+        for correlation_id, produce_max in ((1, 7), (2, 7), (3, 8), (4, 8), (5, 7)):
+            pair.conn.data_received(api_versions(3, correlation_id, "app"))
+            response = struct.pack(">i", correlation_id) + body(produce_max)
+            pair.up.data_received(struct.pack(">i", len(response)) + response)
+        responses = list(FrameReader(1 << 30).feed(pair.client.bytes()))
+        assert [struct.unpack_from(">i", r)[0] for r in responses] == [1, 2, 3, 4, 5]
+        offered = [ApiVersionsResponse[3].decode(bytes(r[4:])).api_keys[0].max_version for r in responses]
+        assert offered == [7, 7, 8, 8, 7]
+
+    asyncio.run(go())
+
+
 def test_a_reload_sends_responses_still_awaited_through_the_filters_then_in_force():
     async def go():
         pair = Pair()
         pair.exchange(list_offsets(1, "app"))
         fetch = request(FetchRequest[4](max_wait_ms=500, topics=[]), 2, "app")
         pair.conn.data_received(fetch)
-        assert pair.conn._pending[-1].passthrough  # no filter looks at a Fetch v4 response now
+        assert pair.conn._pending[-1].route is AS_READ  # no filter looks at a Fetch v4 response now
         # While the fetch is in flight, a consumer byte quota arrives: its response is charged
         # under it (Kafka records a fetch response when it is sent) and answered throttled.
         pair.server.reload(parse_config({**BASE, "quotas": [{"client_id": "app", "consumer_byte_rate": 1}]}))
@@ -445,20 +467,102 @@ def test_a_response_chunk_filter_is_used_only_where_it_is_the_only_filter():
 
     chunked = Chunked()
     chain = FilterChain([], [chunked, Plain()])
-    assert chain.response_chunk == {ApiKey.API_VERSIONS: chunked.on_response_chunk}
+    assert chain.response_route == {ApiKey.API_VERSIONS: (0, chunked.on_response_chunk), ApiKey.METADATA: (0, None)}
 
 
 def test_the_hot_path_reads_acks_behind_a_flexible_header_only_without_tagged_fields():
-    from proxy.connection import _acks_not_zero, _request_head
+    from proxy.connection import _acks_not_zero
 
-    head = _request_head(3)  # client id "app"
+    end = 12 + 2 + 3  # where a request header with client id "app" ends (before v2's tagged fields)
     acks1, acks0 = produce(9, 1, 1, "app"), produce(9, 0, 2, "app")
-    assert _acks_not_zero(acks1, head.size, 9) and not _acks_not_zero(acks0, head.size, 9)
+    assert _acks_not_zero(acks1, end, 9) and not _acks_not_zero(acks0, end, 9)
     # One header tagged field (tag 0, one byte): acks is not where the hot path would look.
-    tagged = acks1[: head.size] + b"\x01\x00\x01\x07" + acks1[head.size + 1 :]
-    assert not _acks_not_zero(struct.pack(">i", len(tagged) - 4) + tagged[4:], head.size, 9)
-    assert not _acks_not_zero(acks1[: head.size + 2], head.size, 9)  # cut short
-    assert _acks_not_zero(produce(8, 1, 3, "app"), head.size, 8) and not _acks_not_zero(produce(8, 0, 4, "app"), head.size, 8)
+    tagged = acks1[: end] + b"\x01\x00\x01\x07" + acks1[end + 1 :]
+    assert not _acks_not_zero(struct.pack(">i", len(tagged) - 4) + tagged[4:], end, 9)
+    assert not _acks_not_zero(acks1[: end + 2], end, 9)  # cut short
+    assert _acks_not_zero(produce(8, 1, 3, "app"), end, 8) and not _acks_not_zero(produce(8, 0, 4, "app"), end, 8)
+
+
+@pytest.mark.parametrize("version", range(ProduceRequest.max_version + 1))
+def test_the_hot_path_reads_acks_with_and_without_a_transactional_id(version):
+    from proxy.connection import _acks_not_zero
+
+    end = 12 + 2 + 3  # where a request header with client id "app" ends (before v2's tagged fields)
+    for transactional_id in (None, "", "tx-1", "t" * 200):
+        for acks in (-1, 0, 1):
+            frame = produce(version, acks, 7, "app", transactional_id if version >= 3 else None)
+            assert _acks_not_zero(frame, end, version) == (acks != 0), (transactional_id, acks)
+
+
+def test_a_raw_sasl_token_that_looks_like_a_request_is_not_taken_by_the_hot_path():
+    async def go():
+        pair = Pair()
+        pair.exchange(list_offsets(1, "app"))  # the client id is known: the hot path is armed
+        pair.conn.start_raw_sasl("PLAIN")  # SaslHandshake v0 succeeded (its filter calls this)
+        # A PLAIN token whose bytes read like a ListOffsets v1 request from "app".
+        token = list_offsets(2, "app")
+        pair.conn.data_received(token)
+        entry = pair.conn._pending[-1]
+        assert entry.raw and entry.api_key == ApiKey.SASL_AUTHENTICATE
+        assert pair.server.stats.requests[(2, 1)] == 1  # the first request only
+        assert pair.requests_seen_by_broker()[-1] == token[4:]
+        pair.up.data_received(struct.pack(">i", 0))  # the broker's (empty) raw answer
+        pair.conn.data_received(list_offsets(3, "app"))  # the hot path again
+        pair.up.data_received(answer(list_offsets(3, "app")[4:]))
+        assert pair.server.stats.requests[(2, 1)] == 2
+        last = FrameReader(1 << 30).feed(pair.client.bytes())[-1]
+        assert struct.unpack_from(">i", last)[0] == 3 and not pair.client.closed
+
+    asyncio.run(go())
+
+
+def test_a_request_behind_a_deferred_one_waits_for_it_even_on_the_hot_path():
+    async def go():
+        pair = Pair()
+        decided = asyncio.get_running_loop().create_future()
+
+        class Deferring:  # decides CreateTopics later, as the controller mutation quota may
+            api_keys = frozenset({ApiKey.CREATE_TOPICS})
+
+            def on_request(self, conn, header, frame, entry):
+                async def later():
+                    return await decided  # None: forward it
+
+                return Defer(later())
+
+        pair.conn.chain = FilterChain([Deferring()], [])
+        pair.conn.chain_changed()
+        first, behind = list_offsets(1, "app"), list_offsets(3, "app")
+        deferred = raw_request(ApiKey.CREATE_TOPICS, 4, 2, b"app")
+        pair.exchange(first)  # the client id is known: the hot path is armed
+        pair.conn.data_received(deferred)
+        pair.conn.data_received(behind)  # already read when the decision is still pending
+        assert pair.requests_seen_by_broker() == [first[4:]]
+        decided.set_result(None)
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert not pair.client.closed, pair.server.stats.frames_rejected
+        assert pair.requests_seen_by_broker() == [first[4:], deferred[4:], behind[4:]]
+
+    asyncio.run(go())
+
+
+def test_requests_before_the_broker_connection_is_up_wait_for_it_in_order():
+    async def go():
+        server = ProxyServer(parse_config(BASE))
+        conn = ClientConnection(server, None)
+        client = Wire()
+        conn.connection_made(client)  # its broker (127.0.0.1:1) is not there: no connection yet
+        try:
+            requests = [list_offsets(1, "app"), list_offsets(2, "app"), list_offsets(3, "app")]
+            for r in requests:  # the client id is known after the first: still no hot path
+                conn.data_received(r)
+            assert conn.upstream is None and b"".join(conn._unsent) == b"".join(requests)
+        finally:
+            conn._connect_task.cancel()
+            conn._teardown()
+
+    asyncio.run(go())
 
 
 def test_a_flexible_produce_cut_inside_its_transactional_id_is_rejected_not_raised():
@@ -506,7 +610,7 @@ def test_a_chunk_filter_that_raises_closes_only_its_connection():
         def broken(conn, entry, chunk):
             raise ValueError("broken filter")
 
-        pair.server.chain.response_chunk[ApiKey.API_VERSIONS] = broken
+        pair.server.chain.response_route[ApiKey.API_VERSIONS] = (0, broken)
         pair.exchange(api_versions(3, 1, "app"))  # must not raise out of data_received
         assert pair.client.closed and pair.client.writes == []
 
