@@ -52,6 +52,9 @@ class ApiVersionsFilter:
         # place: (broker body, rewritten body, uplift, the rewritten frame's size prefix).
         self._rewritten: dict[tuple[int, int], list[tuple[bytes, bytes, dict[int, int], bytes]]] = {}
         self._rewrites = 0
+        # The rewrite the last chunk matched, tried first (one broker and one client library
+        # ask the same way every time): (version, chunk length, that rewrite).
+        self._last: tuple[int, int, tuple[bytes, bytes, dict[int, int], bytes]] | None = None
 
     def on_request(self, conn, header, frame, entry):
         if header.api_version > self.max_version:
@@ -70,10 +73,18 @@ class ApiVersionsFilter:
 
     def on_response_chunk(self, conn, entry, chunk):
         # Every response after a connection's first: a rewrite already made, without a copy.
-        done = self._find(entry.api_version, chunk, 8)
-        if done is None:
-            return None
-        conn.uplift = done[2]
+        # This runs before the response is written, so the common case is kept short.
+        last = self._last
+        if (last is not None and last[0] == entry.api_version and last[1] == len(chunk)
+                and chunk.startswith(last[2][0], 8)):
+            done = last[2]
+        else:
+            done = self._find(entry.api_version, chunk, 8)
+            if done is None:
+                return None
+            self._last = (entry.api_version, len(chunk), done)
+        if conn.uplift is not done[2]:
+            conn.uplift = done[2]
         return b"".join((done[3], chunk[4:8], done[1]))
 
     def _find(self, version: int, data: bytes, offset: int) -> tuple[bytes, bytes, dict[int, int], bytes] | None:
