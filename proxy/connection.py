@@ -727,13 +727,17 @@ class ClientConnection(asyncio.Protocol):
 class UpstreamConnection(asyncio.Protocol):
     """The broker side of one client connection: frames responses back to it."""
 
-    __slots__ = ("client", "transport", "_reader")
+    __slots__ = ("client", "transport", "_reader", "_through", "_streaming_size")
 
     def __init__(self, client: ClientConnection) -> None:
         self.client = client
         self.transport: asyncio.Transport | None = None
         # Responses are bounded by what the client asked for; the client limit applies too.
         self._reader = FrameReader(2**31 - 1)
+        # A response longer than the chunk it started in that goes back as it came is streamed
+        # (see _stream): the bytes of it still to come, and its size without the size prefix.
+        self._through = 0
+        self._streaming_size = 0
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -741,6 +745,10 @@ class UpstreamConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         client = self.client
+        if self._through:
+            data = self._stream(data)
+            if data is None:
+                return
         awaiting = client._awaiting_upstream
         n = len(data)
         if n >= 8 and awaiting and self._reader.idle and type(data) is bytes:
@@ -748,14 +756,21 @@ class UpstreamConnection(asyncio.Protocol):
             entry = awaiting[0]
             pending = client._pending
             transport = client.transport
-            if (size == n - 4 and correlation_id == entry.correlation_id and pending[0] is entry
+            if (correlation_id == entry.correlation_id and pending[0] is entry
                     and transport is not None and not client._closed):
-                # The hot path: exactly one response, the oldest answer due (what _complete
-                # would send first), which nothing changes or whose one filter rewrites it as
-                # a chunk: it goes back at once, and the bookkeeping follows.
+                # The hot paths: the oldest answer due (what _complete would send first).
                 try:
                     route = entry.route
-                    if route is AS_READ:
+                    if size != n - 4:
+                        if size > n - 4 and route is AS_READ:
+                            # It starts this chunk and goes on past it, and nothing changes
+                            # it: it goes back as it comes (see _stream).
+                            self._start_stream(entry, data, size)
+                            return
+                        out = None  # several responses in this chunk: the general path
+                    elif route is AS_READ:
+                        # Exactly one response, which nothing changes or whose one filter
+                        # rewrites it as a chunk: it goes back at once, the bookkeeping follows.
                         out = data
                     elif route is not None:
                         out = route(client, entry, data)  # a chunk filter; None: the general path
@@ -787,6 +802,48 @@ class UpstreamConnection(asyncio.Protocol):
             except Exception as exc:
                 self._response_failed(exc)
                 return
+
+    def _start_stream(self, entry: InFlight, data: bytes, size: int) -> None:
+        """Writes the first chunk of a response that goes back as it came and is longer than
+        the chunk: the rest follows as it arrives, never assembled into a frame. Its entry
+        stays at the head of the queues until its last byte is written, so nothing is written
+        in between (an answer the proxy made itself waits behind it, see _send_due)."""
+        if entry.forwarded_at:
+            entry.upstream_ms = (time.monotonic() - entry.forwarded_at) * 1000
+        self.client.transport.write(data)
+        self._through = size + 4 - len(data)
+        self._streaming_size = size
+
+    def _stream(self, data: bytes) -> bytes | None:
+        """Writes the part of ``data`` that belongs to the response being streamed. Returns
+        what follows it (the next responses), or None when nothing does."""
+        client = self.client
+        through = self._through
+        n = len(data)
+        if client._closed:
+            self._through = 0
+            return None
+        if type(data) is not bytes:
+            data = bytes(data)  # a chunk that is not ours to keep
+        try:
+            if n < through:
+                client.transport.write(data)
+                self._through = through - n
+                return None
+            client.transport.write(data if n == through else data[:through])
+            self._through = 0
+            # Its last byte is written: counted now, and what waited behind it goes.
+            entry = client._awaiting_upstream.popleft()
+            pending = client._pending
+            pending.popleft()
+            client._sent(entry, self._streaming_size)
+            if client._close_when_drained or (pending and pending[0].response is not None):
+                client._send_due()
+        except Exception as exc:  # as the general path: this connection only
+            self._through = 0
+            self._response_failed(exc)
+            return None
+        return data[through:] if n > through and not client._closed else None
 
     def _response_failed(self, exc: Exception) -> None:
         """A response filter raised: the client's connection is closed, with the reason counted."""

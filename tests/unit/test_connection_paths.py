@@ -136,7 +136,12 @@ def answer(frame: bytes) -> bytes | None:
     key, version, correlation_id = struct.unpack_from(">hhi", frame)
     if key == ApiKey.PRODUCE and _acks(frame, version) == 0:
         return None
-    body = API_VERSIONS_BODY if key == ApiKey.API_VERSIONS else b"body-%d" % correlation_id
+    if key == ApiKey.API_VERSIONS:
+        body = API_VERSIONS_BODY
+    elif len(frame) > 200:  # a long request gets a long answer (streamed when split into chunks)
+        body = b"long-body-%d-" % correlation_id + b"y" * 300
+    else:
+        body = b"body-%d" % correlation_id
     payload = struct.pack(">i", correlation_id) + body
     return struct.pack(">i", len(payload)) + payload
 
@@ -177,6 +182,8 @@ def scenario() -> list[bytes]:
         raw_request(ApiKey.API_VERSIONS, 99, 18, None, b"\x00"),
         produce(9, 0, 19, None),  # acks=0 behind a flexible header: never answered
         big_produce(20, None),  # longer than a header chunk: the rest passes through as it comes
+        # Answered by the proxy itself, behind 20's long answer, streamed when split in chunks.
+        raw_request(ApiKey.API_VERSIONS, 99, 21, None, b"\x00"),
     ]
 
 
@@ -275,14 +282,41 @@ def test_every_chunking_gives_the_same_bytes_order_and_counts(ping_pong):
 
 def test_responses_reach_the_client_in_request_order_with_every_answer():
     pair, _ = run(whole, scenario(), ping_pong=False)
-    assert pair.answered() == [1, 2, 3, 5, *range(7, 19), 20]  # 4, 6 and 19 were acks=0
+    assert pair.answered() == [1, 2, 3, 5, *range(7, 19), 20, 21]  # 4, 6 and 19 were acks=0
 
 
 def test_the_client_id_is_always_the_one_of_the_last_request():
     requests = scenario()
     _, ids = run(whole, requests, ping_pong=True)
-    expected = ["app"] * 10 + ["other", "other", "otter"] + [None] * 7
+    expected = ["app"] * 10 + ["other", "other", "otter"] + [None] * 8
     assert ids == expected
+
+
+def test_a_long_response_nothing_changes_goes_back_as_it_comes():
+    async def go():
+        pair = Pair()
+        pair.exchange(list_offsets(1, "app"))
+        long_request = big_produce(2, "app")
+        pair.conn.data_received(long_request)
+        pair.conn.data_received(raw_request(ApiKey.API_VERSIONS, 99, 3, b"app", b"\x00"))  # the proxy answers
+        pair.conn.data_received(list_offsets(4, "app"))
+        response = answer(long_request[4:])
+        chunks = [response[:40], response[40:200], response[200:] + answer(list_offsets(4, "app")[4:])]
+        written = len(pair.client.writes)
+        pair.up.data_received(chunks[0])
+        pair.up.data_received(chunks[1])
+        assert pair.client.writes[written:] == [chunks[0], chunks[1]]  # as they came, unassembled
+        assert pair.client.writes[written] is chunks[0]
+        assert pair.conn._pending[0].correlation_id == 2  # counted once its last byte is out
+        pair.up.data_received(chunks[2])  # its end, and the next response whole
+        frames = FrameReader(1 << 30).feed(pair.client.bytes())
+        assert [struct.unpack_from(">i", f)[0] for f in frames] == [1, 2, 3, 4]  # 3 waited behind 2
+        assert bytes(frames[1]) == response[4:]
+        assert pair.server.stats.responses[(ApiKey.PRODUCE, 8)] == 1
+        assert pair.server.stats.bytes_upstream_to_client == len(pair.client.bytes())
+        assert not pair.conn._pending and not pair.client.closed
+
+    asyncio.run(go())
 
 
 def test_hot_paths_forward_the_very_bytes_that_came_in():
