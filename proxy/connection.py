@@ -767,7 +767,7 @@ class UpstreamConnection(asyncio.Protocol):
                             # it: it goes back as it comes (see _stream).
                             self._start_stream(entry, data, size)
                             return
-                        out = None  # several responses in this chunk: the general path
+                        out = None  # several responses, or a long one its filters see whole
                     elif route is AS_READ:
                         # Exactly one response, which nothing changes or whose one filter
                         # rewrites it as a chunk: it goes back at once, the bookkeeping follows.
