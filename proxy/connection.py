@@ -506,7 +506,8 @@ class ClientConnection(asyncio.Protocol):
         """The filters changed (a reload): requests are looked up in the new chain, and
         responses still awaited take the general path, which runs the filters in force when
         they arrive (as Kafka's ClientQuotaManager records a response under the quota in force
-        when it is sent)."""
+        when it is sent). A response already being streamed to the client (see
+        UpstreamConnection._stream) is being sent: it goes on as it started."""
         self.uplift = self._uplift
         for entry in self._awaiting_upstream:
             entry.route = None
@@ -620,8 +621,7 @@ class ClientConnection(asyncio.Protocol):
         try:
             self._respond(entry, task.result(), rest)
         except (DecodeError, ScanError, HeaderError) as exc:
-            self.stats.decode_failures += 1
-            self._upstream_failed(f"undecodable response: {exc}")
+            self._upstream_failed(f"undecodable response: {exc}")  # counts the decode failure
         except Exception:
             log.exception("response filter failed for %s; closing it", self.label)
             self._close()
@@ -821,8 +821,7 @@ class UpstreamConnection(asyncio.Protocol):
         through = self._through
         n = len(data)
         if client._closed:
-            self._through = 0
-            return None
+            return None  # and whatever follows: nothing from this broker is read as a frame
         if type(data) is not bytes:
             data = bytes(data)  # a chunk that is not ours to keep
         try:
@@ -849,8 +848,7 @@ class UpstreamConnection(asyncio.Protocol):
         """A response filter raised: the client's connection is closed, with the reason counted."""
         client = self.client
         if isinstance(exc, (DecodeError, ScanError, HeaderError)):
-            client.stats.decode_failures += 1
-            client._upstream_failed(f"undecodable response: {exc}")
+            client._upstream_failed(f"undecodable response: {exc}")  # counts the decode failure
         else:
             log.error("response filter failed for %s; closing it", client.label, exc_info=exc)
             client._close()

@@ -319,6 +319,32 @@ def test_a_long_response_nothing_changes_goes_back_as_it_comes():
     asyncio.run(go())
 
 
+def test_an_undecodable_response_closes_its_connection_counted_once():
+    async def go():
+        pair = Pair()
+        pair.conn.data_received(raw_request(ApiKey.METADATA, 1, 1, b"app", b"\xff\xff\xff\xff"))
+        pair.up.data_received(struct.pack(">ii", 8, 1) + b"\x00\x00\x00\x05")  # no such Metadata body
+        assert pair.client.closed and pair.server.stats.decode_failures == 1
+
+    asyncio.run(go())
+
+
+def test_broker_bytes_after_the_client_closed_mid_stream_are_dropped():
+    async def go():
+        pair = Pair()
+        pair.exchange(list_offsets(1, "app"))
+        long_request = big_produce(2, "app")
+        pair.conn.data_received(long_request)
+        response = answer(long_request[4:])
+        pair.up.data_received(response[:40])  # streaming
+        pair.conn._close()
+        pair.up.data_received(response[40:60])  # the broker's bytes still on their way
+        pair.up.data_received(b"LLLL" + response[64:])  # were this read as a frame: a 1.28 GB size
+        assert pair.up._reader.idle and pair.up._reader.buffered_bytes == 0
+
+    asyncio.run(go())
+
+
 def test_hot_paths_forward_the_very_bytes_that_came_in():
     async def go():
         pair = Pair()
