@@ -253,8 +253,7 @@ class ClientConnection(asyncio.Protocol):
                 self.upstream.transport.write(data)
                 self._through = size + 4 - n
                 entry = InFlight(correlation_id, key, version, received_at, size)
-                since, chunk_filter = self.chain.response_route.get(key, UNROUTED)
-                entry.route = AS_READ if version < since else chunk_filter
+                self._route(entry)
                 self._pending.append(entry)
                 self._awaiting_upstream.append(entry)
                 if self.usage is not None:
@@ -482,11 +481,11 @@ class ClientConnection(asyncio.Protocol):
             self._reject("unsupported_sasl", f"SaslHandshake v0 with {mechanism} is not supported")
             return
         self._raw_sasl_frames = rounds
-        self._hot_client_id = None  # the next frames are raw tokens: not for the hot path
+        self._arm()  # the next frames are raw tokens: not for the hot path
 
     def _route(self, entry: InFlight) -> None:
         """For a request no request filter rewrote or throttled: how its response goes back
-        (InFlight.route; the hot path in ClientConnection.data_received does the same inline)."""
+        (InFlight.route)."""
         since, chunk_filter = self.chain.response_route.get(entry.api_key, UNROUTED)
         entry.route = AS_READ if entry.api_version < since else chunk_filter
 
@@ -648,6 +647,17 @@ class ClientConnection(asyncio.Protocol):
         if self._close_when_drained and not pending:
             self._close()
 
+    def _head_written(self, size: int) -> None:
+        """The broker side wrote the oldest answer due (``size`` bytes without its size prefix)
+        straight to the client: it leaves both queues, is counted, and the answers that waited
+        behind it go."""
+        self._awaiting_upstream.popleft()
+        done = self._pending.popleft()
+        self._sent(done, size)
+        pending = self._pending
+        if self._close_when_drained or (pending and pending[0].response is not None):
+            self._send_due()
+
     def _sent(self, done: InFlight, size: int) -> None:
         """Counts a response of ``size`` bytes (without its size prefix) once it is written:
         after the write, so the client need not wait for the counting."""
@@ -705,7 +715,7 @@ class ClientConnection(asyncio.Protocol):
         if self._closed:
             return
         self._closed = True
-        self._hot_client_id = None
+        self._arm()
         self.stats.open_connections -= 1
         if self._unmute is not None:
             self._unmute.cancel()
@@ -780,11 +790,7 @@ class UpstreamConnection(asyncio.Protocol):
                         if entry.forwarded_at:
                             entry.upstream_ms = (time.monotonic() - entry.forwarded_at) * 1000
                         transport.write(out)
-                        awaiting.popleft()
-                        pending.popleft()
-                        client._sent(entry, len(out) - 4)
-                        if client._close_when_drained or (pending and pending[0].response is not None):
-                            client._send_due()  # answers that waited behind this one
+                        client._head_written(len(out) - 4)
                         return
                 except Exception as exc:  # as the general path: this connection only
                     self._response_failed(exc)
@@ -831,13 +837,7 @@ class UpstreamConnection(asyncio.Protocol):
                 return None
             client.transport.write(data if n == through else data[:through])
             self._through = 0
-            # Its last byte is written: counted now, and what waited behind it goes.
-            entry = client._awaiting_upstream.popleft()
-            pending = client._pending
-            pending.popleft()
-            client._sent(entry, self._streaming_size)
-            if client._close_when_drained or (pending and pending[0].response is not None):
-                client._send_due()
+            client._head_written(self._streaming_size)  # its last byte is out
         except Exception as exc:  # as the general path: this connection only
             self._through = 0
             self._response_failed(exc)
@@ -845,7 +845,8 @@ class UpstreamConnection(asyncio.Protocol):
         return data[through:] if n > through and not client._closed else None
 
     def _response_failed(self, exc: Exception) -> None:
-        """A response filter raised: the client's connection is closed, with the reason counted."""
+        """A response filter or a write to the client raised: the client's connection is
+        closed, with the reason counted."""
         client = self.client
         if isinstance(exc, (DecodeError, ScanError, HeaderError)):
             client._upstream_failed(f"undecodable response: {exc}")  # counts the decode failure

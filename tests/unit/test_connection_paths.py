@@ -94,6 +94,14 @@ class Pair:
         return [struct.unpack_from(">i", f)[0] for f in FrameReader(1 << 30).feed(self.client.bytes())]
 
 
+def armed_pair() -> Pair:
+    """A pair whose connection parsed one request from client id "app" in full (its answer
+    sent): the hot paths are on for "app"."""
+    pair = Pair()
+    pair.exchange(list_offsets(1, "app"))
+    return pair
+
+
 def request(req, correlation_id: int, client_id: str | None) -> bytes:
     req.with_header(correlation_id=correlation_id, client_id=client_id)
     return bytes(req.encode(header=True, framed=True))
@@ -294,8 +302,7 @@ def test_the_client_id_is_always_the_one_of_the_last_request():
 
 def test_a_long_response_nothing_changes_goes_back_as_it_comes():
     async def go():
-        pair = Pair()
-        pair.exchange(list_offsets(1, "app"))
+        pair = armed_pair()
         long_request = big_produce(2, "app")
         pair.conn.data_received(long_request)
         pair.conn.data_received(raw_request(ApiKey.API_VERSIONS, 99, 3, b"app", b"\x00"))  # the proxy answers
@@ -331,8 +338,7 @@ def test_an_undecodable_response_closes_its_connection_counted_once():
 
 def test_broker_bytes_after_the_client_closed_mid_stream_are_dropped():
     async def go():
-        pair = Pair()
-        pair.exchange(list_offsets(1, "app"))
+        pair = armed_pair()
         long_request = big_produce(2, "app")
         pair.conn.data_received(long_request)
         response = answer(long_request[4:])
@@ -364,8 +370,7 @@ def test_hot_paths_forward_the_very_bytes_that_came_in():
 
 def test_an_answer_waiting_behind_a_hot_path_response_goes_out_with_it():
     async def go():
-        pair = Pair()
-        pair.exchange(list_offsets(1, "app"))
+        pair = armed_pair()
         pair.conn.data_received(list_offsets(2, "app"))  # hot path
         pair.conn.data_received(raw_request(ApiKey.API_VERSIONS, 99, 3, b"app", b"\x00"))  # the proxy answers
         assert len(pair.client.writes) == 1  # the answer to 3 waits for the broker's to 2
@@ -377,8 +382,7 @@ def test_an_answer_waiting_behind_a_hot_path_response_goes_out_with_it():
 
 def test_a_version_a_filter_looks_at_is_not_forwarded_untouched():
     async def go():
-        pair = Pair()
-        pair.exchange(list_offsets(1, "app"))
+        pair = armed_pair()
         # ApiVersions above what the proxy knows: its filter answers it, the broker never sees it.
         pair.conn.data_received(raw_request(ApiKey.API_VERSIONS, 99, 2, b"app", b"\x00"))
         assert len(pair.requests_seen_by_broker()) == 1
@@ -492,8 +496,7 @@ def test_an_api_versions_answer_that_changes_is_rewritten_again():
 
 def test_a_reload_sends_responses_still_awaited_through_the_filters_then_in_force():
     async def go():
-        pair = Pair()
-        pair.exchange(list_offsets(1, "app"))
+        pair = armed_pair()
         fetch = request(FetchRequest[4](max_wait_ms=500, topics=[]), 2, "app")
         pair.conn.data_received(fetch)
         assert pair.conn._pending[-1].route is AS_READ  # no filter looks at a Fetch v4 response now
@@ -556,8 +559,7 @@ def test_the_hot_path_reads_acks_with_and_without_a_transactional_id(version):
 
 def test_a_raw_sasl_token_that_looks_like_a_request_is_not_taken_by_the_hot_path():
     async def go():
-        pair = Pair()
-        pair.exchange(list_offsets(1, "app"))  # the client id is known: the hot path is armed
+        pair = armed_pair()
         pair.conn.start_raw_sasl("PLAIN")  # SaslHandshake v0 succeeded (its filter calls this)
         # A PLAIN token whose bytes read like a ListOffsets v1 request from "app".
         token = list_offsets(2, "app")
@@ -627,8 +629,7 @@ def test_requests_before_the_broker_connection_is_up_wait_for_it_in_order():
 
 def test_a_flexible_produce_cut_inside_its_transactional_id_is_rejected_not_raised():
     async def go():
-        pair = Pair()
-        pair.exchange(list_offsets(1, "app"))
+        pair = armed_pair()
         # Produce v9 from the known client id, no header tags, then a varint that never ends.
         body = struct.pack(">hhih", ApiKey.PRODUCE, 9, 2, 3) + b"app" + b"\x00" + b"\x80"
         pair.conn.data_received(struct.pack(">i", len(body)) + body)  # must not raise
@@ -642,8 +643,7 @@ def test_a_flexible_produce_cut_inside_its_transactional_id_is_rejected_not_rais
 @pytest.mark.parametrize("ping_pong", [True, False], ids=["ping-pong", "pipelined"])
 def test_a_broker_that_answers_acks0_does_not_disturb_the_hot_paths(ping_pong):
     async def go():
-        pair = Pair()
-        pair.exchange(list_offsets(1, "app"))
+        pair = armed_pair()
         acks0, hot = produce(8, 0, 2, "app"), list_offsets(3, "app")
 
         def tansu_answer(frame: bytes) -> bytes:  # Tansu 0.6 answers acks=0 too
@@ -679,8 +679,7 @@ def test_a_chunk_filter_that_raises_closes_only_its_connection():
 
 def test_a_connection_closing_after_its_answers_closes_after_a_hot_path_answer():
     async def go():
-        pair = Pair()
-        pair.exchange(list_offsets(1, "app"))
+        pair = armed_pair()
         pair.conn.data_received(list_offsets(2, "app"))  # hot path, awaiting the broker
         pair.conn.data_received(struct.pack(">i", -5))  # a bad frame: close once 2 is answered
         assert not pair.client.closed
@@ -692,8 +691,7 @@ def test_a_connection_closing_after_its_answers_closes_after_a_hot_path_answer()
 
 def test_a_failure_while_sending_a_hot_path_answer_closes_only_its_connection():
     async def go():
-        pair = Pair()
-        pair.exchange(list_offsets(1, "app"))
+        pair = armed_pair()
 
         def write(data):
             raise RuntimeError("transport failed")
@@ -707,8 +705,7 @@ def test_a_failure_while_sending_a_hot_path_answer_closes_only_its_connection():
 
 def test_a_hot_path_request_longer_than_its_first_chunk_passes_through_unassembled():
     async def go():
-        pair = Pair()
-        pair.exchange(list_offsets(1, "app"))
+        pair = armed_pair()
         big = big_produce(2, "app")
         first, second, third = big[:30], big[30:140], big[140:] + list_offsets(3, "app")
         pair.conn.data_received(first)
@@ -727,8 +724,7 @@ def test_a_hot_path_request_longer_than_its_first_chunk_passes_through_unassembl
 
 def test_produce_v10_takes_the_hot_path_unless_its_connection_uplifts():
     async def go():
-        pair = Pair()
-        pair.exchange(list_offsets(1, "app"))
+        pair = armed_pair()
         plain = produce(10, 1, 2, "app")
         pair.conn.data_received(plain)
         assert pair.broker.writes[-1] is plain  # the uplift filter is not asked: nothing to do
