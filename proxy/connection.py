@@ -14,6 +14,7 @@ import logging
 import socket
 import time
 from collections import deque
+from functools import lru_cache
 from struct import Struct
 from struct import error as struct_error
 from typing import TYPE_CHECKING
@@ -29,6 +30,7 @@ from protocol.scan import ScanError
 from .filters.base import UNFILTERED, UNROUTED, Answer, Close, Defer, Forward, Hold
 from .flow import ReadGate
 from .principal import ANONYMOUS, SaslError, principal_from_client_token, scram_exchange_complete
+from .stats import SLOT_KEYS, SLOT_VERSIONS
 
 if TYPE_CHECKING:
     from .server import ProxyServer
@@ -37,7 +39,6 @@ log = logging.getLogger("proxy.connection")
 
 _INT32 = Struct(">i")
 _INT16 = Struct(">h")
-_REQUEST_HEAD = Struct(">ihhi")  # size, api key, api version, correlation id; the client id follows
 _RESPONSE_HEAD = Struct(">ii")  # size, correlation id
 _PRODUCE = int(ApiKey.PRODUCE)
 _PRODUCE_FIRST_FLEXIBLE = FIRST_FLEXIBLE_VERSION[ApiKey.PRODUCE]
@@ -111,6 +112,14 @@ class InFlight:
 
 
 AS_READ = object()  # InFlight.route: the broker's response goes back as it came
+_new_in_flight = object.__new__  # an InFlight without running __init__ (the hot path sets its slots)
+
+
+@lru_cache(maxsize=256)
+def _request_head(client_id_field_bytes: int) -> Struct:
+    """Size, api key, api version, correlation id, and a client id field this long (int16
+    length and bytes: the request header v1 and v2 both start so)."""
+    return Struct(f">ihhi{client_id_field_bytes}s")
 
 
 def _acks_not_zero(data: bytes, pos: int, version: int) -> bool:
@@ -164,7 +173,7 @@ class ClientConnection(asyncio.Protocol):
         "upstream", "_reader", "_pending", "_awaiting_upstream", "_unsent", "_closed",
         "_raw_sasl_frames", "_close_when_drained", "gate", "_connect_task", "_muted_until", "_unmute",
         "_deferred", "_held", "_held_error", "_acks0", "_uplift", "_requests", "_holding", "usage",
-        "_client_id_field", "_hot_client_id", "_through",
+        "_client_id_field", "_hot_client_id", "_hot_head", "_through",
     )
 
     def __init__(self, server: ProxyServer, node_id: int | None) -> None:
@@ -202,8 +211,10 @@ class ClientConnection(asyncio.Protocol):
         # set by _remember_client_id: a request that repeats it at byte 12 of its frame needs no
         # header parse to know who sent it.
         self._client_id_field: bytes | None = None
-        # _client_id_field while the hot path may run (see _arm), else None.
+        # _client_id_field while the hot path may run (see _arm), else None; and the request
+        # head that ends with it: size, api key, api version, correlation id, client id field.
         self._hot_client_id: bytes | None = None
+        self._hot_head: Struct | None = None
         # Bytes of a hot-path request longer than the chunk it started in that are still to
         # come: they go to the broker as they arrive, never assembled into a frame.
         self._through = 0
@@ -237,30 +248,40 @@ class ClientConnection(asyncio.Protocol):
             self._through = 0
             data = data[through:]  # the next request(s) begin in this chunk
             n = len(data)
-        client_id = self._hot_client_id  # None unless armed (see _arm)
-        if client_id is not None and type(data) is bytes and data.startswith(client_id, 12):
+        head = self._hot_head  # None unless armed (see _arm)
+        if head is not None and n >= head.size and type(data) is bytes:
             # The hot path: one request (whole in this chunk, or starting it and no more), of a
             # known API, from the client id of the last request parsed in full, at a version no
             # filter looks at, and not an acks=0 Produce. The very bytes that came in go
             # upstream first; the bookkeeping follows, and the rest of a longer request goes
             # upstream as it arrives (see _through).
-            size, key, version, correlation_id = _REQUEST_HEAD.unpack_from(data)
+            size, key, version, correlation_id, client_id = head.unpack_from(data)
             known = self._requests.get(key)  # None: an unknown API, counted on the general path
-            if (size >= n - 4 and known is not None and 0 <= version < known[0]
+            if (client_id == self._hot_client_id and size >= n - 4 and known is not None
+                    and 0 <= version < known[0] and version < SLOT_VERSIONS
                     and size <= self._reader.max_frame_bytes
-                    and (key != _PRODUCE or _acks_not_zero(data, 12 + len(client_id), version))):
+                    and (key != _PRODUCE or _acks_not_zero(data, head.size, version))):
                 received_at = time.monotonic()
                 self.upstream.transport.write(data)
                 self._through = size + 4 - n
-                entry = InFlight(correlation_id, key, version, received_at, size)
-                self._route(entry)
+                # InFlight(correlation_id, key, version, received_at, size) and _route(entry),
+                # without the two calls (a call is a frame of cold cache lines per request).
+                entry = _new_in_flight(InFlight)
+                entry.correlation_id = correlation_id
+                entry.api_key = key
+                entry.api_version = version
+                entry.received_at = received_at
+                entry.request_bytes = size
+                entry.response = None
+                since, chunk_filter = self.chain.response_route.get(key, UNROUTED)
+                entry.route = AS_READ if version < since else chunk_filter
+                entry.forwarded_at = received_at if self.usage is not None else 0.0
+                entry.upstream_ms = 0.0
                 self._pending.append(entry)
                 self._awaiting_upstream.append(entry)
-                if self.usage is not None:
-                    entry.forwarded_at = received_at
                 stats = self.stats
                 stats.bytes_client_to_upstream += n
-                stats.requests[(key, version)] += 1
+                stats.requests.slots[key * SLOT_VERSIONS + version] += 1  # known: key < SLOT_KEYS
                 return
         self.stats.bytes_client_to_upstream += n
         bad_frame: FrameError | None = None
@@ -284,10 +305,13 @@ class ClientConnection(asyncio.Protocol):
         where one becomes false (all but a close happen on the general path), before the next
         chunk is read."""
         up = self.upstream
-        self._hot_client_id = self._client_id_field if (
+        field = self._client_id_field if (
             self._reader.idle and self._deferred is None and not self._raw_sasl_frames
             and up is not None and up.transport is not None and not self._closed
         ) else None
+        if field is not self._hot_client_id:
+            self._hot_client_id = field
+            self._hot_head = None if field is None else _request_head(len(field))
 
     def _process(self, frames, bad_frame) -> None:
         out: list = []
@@ -312,7 +336,7 @@ class ClientConnection(asyncio.Protocol):
         header = parse_request_header(frame)
         key = header.api_key
         stats = self.stats
-        stats.requests[(key, header.api_version)] += 1
+        stats.requests.add(key, header.api_version)
         if header.body_offset < 0:
             stats.unknown_api_requests += 1
         if self._client_id_field is None or header.client_id != self.session.client_id:
@@ -663,8 +687,14 @@ class ClientConnection(asyncio.Protocol):
         after the write, so the client need not wait for the counting."""
         stats = self.stats
         stats.bytes_upstream_to_client += size + 4
-        stats.responses[(done.api_key, done.api_version)] += 1
-        stats.latency[done.api_key].observe(time.monotonic() - done.received_at)
+        key = done.api_key
+        version = done.api_version
+        if 0 <= key < SLOT_KEYS and 0 <= version < SLOT_VERSIONS:
+            stats.responses.slots[key * SLOT_VERSIONS + version] += 1
+            stats.latency.slots[key].observe(time.monotonic() - done.received_at)
+        else:  # an API the proxy does not know, or a version past the count slots
+            stats.responses.add(key, version)
+            stats.latency.histogram(key).observe(time.monotonic() - done.received_at)
         if self.usage is not None and not done.raw:
             self._count_usage(done, size)
 

@@ -1,14 +1,15 @@
 """Proxy counters kept as plain Python numbers and exported at scrape time.
 
-The hot path only increments ints in dicts; a prometheus-client custom collector turns them
-into metric families when ``/metrics`` is read (no ``.labels()`` lookups per request).
+The hot paths only increment ints in flat lists (see VersionCounts); a prometheus-client custom
+collector turns them into metric families when ``/metrics`` is read (no ``.labels()`` lookups
+per request).
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -24,6 +25,51 @@ LATENCY_BUCKETS_S = (
 )
 
 
+# The hot paths count into flat lists, not dicts keyed by tuples: on a machine where the client
+# and the broker run between any two callbacks, every C function and dict a count touches is a
+# cache miss per request, and a list index is neither. Keys and versions past these go to dicts.
+SLOT_KEYS = 128  # Kafka's API keys are below 100
+SLOT_VERSIONS = 64  # and their versions below 20
+
+
+class VersionCounts(Mapping):
+    """A count per (API key, version), read as a mapping of the pairs counted at least once.
+
+    ``slots[key * SLOT_VERSIONS + version]`` is the count of a key below SLOT_KEYS at a version
+    below SLOT_VERSIONS (what the hot paths increment); :meth:`add` takes any pair."""
+
+    __slots__ = ("slots", "_others")
+
+    def __init__(self) -> None:
+        self.slots = [0] * (SLOT_KEYS * SLOT_VERSIONS)
+        self._others: defaultdict[tuple[int, int], int] = defaultdict(int)
+
+    def add(self, key: int, version: int, n: int = 1) -> None:
+        if 0 <= key < SLOT_KEYS and 0 <= version < SLOT_VERSIONS:
+            self.slots[key * SLOT_VERSIONS + version] += n
+        else:
+            self._others[(key, version)] += n
+
+    def __getitem__(self, pair: tuple[int, int]) -> int:
+        key, version = pair
+        if 0 <= key < SLOT_KEYS and 0 <= version < SLOT_VERSIONS:
+            n = self.slots[key * SLOT_VERSIONS + version]
+        else:
+            n = self._others.get((key, version), 0)
+        if n == 0:
+            raise KeyError(pair)
+        return n
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        for i, n in enumerate(self.slots):
+            if n:
+                yield divmod(i, SLOT_VERSIONS)
+        yield from (pair for pair, n in self._others.items() if n)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
 class LatencyHistogram:
     __slots__ = ("counts", "sum_s")
 
@@ -32,17 +78,50 @@ class LatencyHistogram:
         self.sum_s = 0.0
 
     def observe(self, seconds: float) -> None:
-        self.counts[bisect_left(LATENCY_BUCKETS_S, seconds)] += 1
+        # A Prometheus bucket counts observations <= its bound: bisect_left finds the first
+        # bound not below ``seconds``. Most round trips fall in the first bucket.
+        self.counts[0 if seconds <= LATENCY_BUCKETS_S[0] else bisect_left(LATENCY_BUCKETS_S, seconds)] += 1
         self.sum_s += seconds
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+
+class LatencyByApi(Mapping):
+    """A latency histogram per API key, read as a mapping of the keys observed at least once.
+    ``slots[key]`` is the histogram of a key below SLOT_KEYS; :meth:`histogram` takes any key."""
+
+    __slots__ = ("slots", "_others")
+
+    def __init__(self) -> None:
+        self.slots = [LatencyHistogram() for _ in range(SLOT_KEYS)]
+        self._others: defaultdict[int, LatencyHistogram] = defaultdict(LatencyHistogram)
+
+    def histogram(self, key: int) -> LatencyHistogram:
+        return self.slots[key] if 0 <= key < SLOT_KEYS else self._others[key]
+
+    def __getitem__(self, key: int) -> LatencyHistogram:
+        h = self.slots[key] if 0 <= key < SLOT_KEYS else self._others.get(key)
+        if h is None or not h.count:
+            raise KeyError(key)
+        return h
+
+    def __iter__(self) -> Iterator[int]:
+        yield from (key for key, h in enumerate(self.slots) if h.count)
+        yield from (key for key, h in self._others.items() if h.count)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 class ProxyStats:
     """Everything the proxy counts. Mutated only from the event loop thread."""
 
     def __init__(self) -> None:
-        self.requests: defaultdict[tuple[int, int], int] = defaultdict(int)
-        self.responses: defaultdict[tuple[int, int], int] = defaultdict(int)
-        self.latency: defaultdict[int, LatencyHistogram] = defaultdict(LatencyHistogram)
+        self.requests = VersionCounts()
+        self.responses = VersionCounts()
+        self.latency = LatencyByApi()
         self.bytes_client_to_upstream = 0
         self.bytes_upstream_to_client = 0
         self.open_connections = 0

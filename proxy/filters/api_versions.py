@@ -69,22 +69,24 @@ class ApiVersionsFilter:
         data = bytes(frame)
         done = self._find(entry.api_version, data, 4) or self._rewrite(entry, data[4:])
         conn.uplift = done[2]
-        return data[:4] + done[1]
+        return data if done[1] is done[0] else data[:4] + done[1]
 
     def on_response_chunk(self, conn, entry, chunk):
         # Every response after a connection's first: a rewrite already made, without a copy.
         # This runs before the response is written, so the common case is kept short.
         last = self._last
         if (last is not None and last[0] == entry.api_version and last[1] == len(chunk)
-                and chunk.startswith(last[2][0], 8)):
+                and chunk[8:] == last[2][0]):  # a slice and ==: startswith parses its arguments
             done = last[2]
         else:
             done = self._find(entry.api_version, chunk, 8)
             if done is None:
                 return None
             self._last = (entry.api_version, len(chunk), done)
-        if conn.uplift is not done[2]:
+        if conn._uplift is not done[2]:
             conn.uplift = done[2]
+        if done[1] is done[0]:
+            return chunk  # nothing to change: the broker's very bytes
         return b"".join((done[3], chunk[4:8], done[1]))
 
     def _find(self, version: int, data: bytes, offset: int) -> tuple[bytes, bytes, dict[int, int], bytes] | None:
@@ -95,8 +97,12 @@ class ApiVersionsFilter:
         return None
 
     def _rewrite(self, entry, broker_body: bytes) -> tuple[bytes, bytes, dict[int, int], bytes]:
+        """(broker body, body to send, uplift, the size prefix of the frame to send). The body
+        to send *is* the broker body when the rewrite gives the same bytes."""
         resp = decode_response(entry.api_key, entry.api_version, broker_body)
         body, uplift = (broker_body, {}) if resp.error_code != 0 else self._capped(resp)
+        if body == broker_body:
+            body = broker_body  # on_response_chunk then sends the broker's chunk itself
         done = (broker_body, body, uplift, _INT32.pack(len(body) + 4))
         if self._rewrites < 64:  # a handful of brokers x versions
             self._rewritten.setdefault((entry.api_version, len(broker_body)), []).append(done)
@@ -110,4 +116,6 @@ class ApiVersionsFilter:
         for e in resp.api_keys:
             if e.api_key in uplift and e.max_version == uplift[e.api_key]:
                 e.max_version += 1
+        # Re-encoded even when no version changes: tagged fields at their defaults are left
+        # out, as Kafka's own writers do (librdkafka 2.0 misreads Tansu's, which has them).
         return encode_body(resp), uplift
