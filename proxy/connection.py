@@ -173,7 +173,7 @@ class ClientConnection(asyncio.Protocol):
         "upstream", "_reader", "_pending", "_awaiting_upstream", "_unsent", "_closed",
         "_raw_sasl_frames", "_close_when_drained", "gate", "_connect_task", "_muted_until", "_unmute",
         "_deferred", "_held", "_held_error", "_acks0", "_uplift", "_requests", "_holding", "usage",
-        "_client_id_field", "_hot_client_id", "_hot_head", "_through",
+        "_client_id_field", "_hot_head", "_through",
     )
 
     def __init__(self, server: ProxyServer, node_id: int | None) -> None:
@@ -211,9 +211,9 @@ class ClientConnection(asyncio.Protocol):
         # set by _remember_client_id: a request that repeats it at byte 12 of its frame needs no
         # header parse to know who sent it.
         self._client_id_field: bytes | None = None
-        # _client_id_field while the hot path may run (see _arm), else None; and the request
-        # head that ends with it: size, api key, api version, correlation id, client id field.
-        self._hot_client_id: bytes | None = None
+        # While the hot path may run (see _arm), the request head that ends with a client id
+        # field as long as that one: size, api key, api version, correlation id, client id
+        # field; else None.
         self._hot_head: Struct | None = None
         # Bytes of a hot-path request longer than the chunk it started in that are still to
         # come: they go to the broker as they arrive, never assembled into a frame.
@@ -257,7 +257,7 @@ class ClientConnection(asyncio.Protocol):
             # upstream as it arrives (see _through).
             size, key, version, correlation_id, client_id = head.unpack_from(data)
             known = self._requests.get(key)  # None: an unknown API, counted on the general path
-            if (client_id == self._hot_client_id and size >= n - 4 and known is not None
+            if (client_id == self._client_id_field and size >= n - 4 and known is not None
                     and 0 <= version < known[0] and version < SLOT_VERSIONS
                     and size <= self._reader.max_frame_bytes
                     and (key != _PRODUCE or _acks_not_zero(data, head.size, version))):
@@ -305,13 +305,12 @@ class ClientConnection(asyncio.Protocol):
         where one becomes false (all but a close happen on the general path), before the next
         chunk is read."""
         up = self.upstream
-        field = self._client_id_field if (
-            self._reader.idle and self._deferred is None and not self._raw_sasl_frames
-            and up is not None and up.transport is not None and not self._closed
+        field = self._client_id_field
+        self._hot_head = _request_head(len(field)) if (
+            field is not None and self._reader.idle and self._deferred is None
+            and not self._raw_sasl_frames and up is not None and up.transport is not None
+            and not self._closed
         ) else None
-        if field is not self._hot_client_id:
-            self._hot_client_id = field
-            self._hot_head = None if field is None else _request_head(len(field))
 
     def _process(self, frames, bad_frame) -> None:
         out: list = []

@@ -44,18 +44,21 @@ class VersionCounts(Mapping):
         self.slots = [0] * (SLOT_KEYS * SLOT_VERSIONS)
         self._others: defaultdict[tuple[int, int], int] = defaultdict(int)
 
+    @staticmethod
+    def slot(key: int, version: int) -> int:
+        """The index of the pair's count in ``slots``; -1: it has none."""
+        return key * SLOT_VERSIONS + version if 0 <= key < SLOT_KEYS and 0 <= version < SLOT_VERSIONS else -1
+
     def add(self, key: int, version: int, n: int = 1) -> None:
-        if 0 <= key < SLOT_KEYS and 0 <= version < SLOT_VERSIONS:
-            self.slots[key * SLOT_VERSIONS + version] += n
+        i = self.slot(key, version)
+        if i >= 0:
+            self.slots[i] += n
         else:
             self._others[(key, version)] += n
 
     def __getitem__(self, pair: tuple[int, int]) -> int:
-        key, version = pair
-        if 0 <= key < SLOT_KEYS and 0 <= version < SLOT_VERSIONS:
-            n = self.slots[key * SLOT_VERSIONS + version]
-        else:
-            n = self._others.get((key, version), 0)
+        i = self.slot(*pair)
+        n = self.slots[i] if i >= 0 else self._others.get(pair, 0)
         if n == 0:
             raise KeyError(pair)
         return n
