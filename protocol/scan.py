@@ -8,9 +8,10 @@ report where the top-level tagged fields start (KIP-951's ``NodeEndpoints`` live
 from __future__ import annotations
 
 from struct import Struct
+from struct import error as struct_error
 from typing import NamedTuple
 
-from .headers import read_uvarint, skip_tagged_fields
+from .headers import HeaderError, read_uvarint, skip_tagged_fields
 
 _INT16 = Struct(">h")
 
@@ -104,6 +105,60 @@ def scan_fetch_response(body, version: int) -> ResponseScan:
         raise
     except Exception as exc:
         raise ScanError(f"malformed FetchResponse v{version}: {exc}") from exc
+
+
+class FetchHead(NamedTuple):
+    """What the first part of a FetchResponse body tells before its records have arrived."""
+
+    tail_offset: int  # where the last partition's records end: only tagged fields follow
+    error_codes: frozenset[int]  # every partition's error code (0 included)
+
+
+def scan_fetch_head(body, version: int) -> FetchHead | None:
+    """FetchResponse v12+ (flexible) of which ``body`` may hold only a first part: the head,
+    when that part reaches the last partition's records length (every partition before it
+    whole); None when it does not, or when the response has no partition."""
+    if version < 12:
+        raise ScanError("only flexible FetchResponse versions are scanned")
+    try:
+        errors: set[int] = set()
+        pos = 4 + 2 + 4  # throttle, error code, session id
+        topics, pos = _compact_len(body, pos)
+        for t in range(topics):
+            pos = pos + 16 if version >= 13 else _skip_compact_bytes(body, pos)
+            parts, pos = _compact_len(body, pos)
+            if parts <= 0:
+                return None  # a topic without partitions: rare, assembled
+            for p in range(parts):
+                errors.add(_INT16.unpack_from(body, pos + 4)[0])
+                pos += 4 + 2 + 8 + 8 + 8  # index, error, high watermark, LSO, log start
+                aborted, pos = _compact_len(body, pos)
+                for _ in range(max(aborted, 0)):
+                    pos = skip_tagged_fields(body, pos + 16)
+                pos += 4  # preferred read replica
+                records, pos = _compact_len(body, pos)
+                if t == topics - 1 and p == parts - 1:
+                    return FetchHead(pos + max(records, 0), frozenset(errors))
+                pos += max(records, 0)
+                pos = skip_tagged_fields(body, pos)  # raises past the end of this part
+            pos = skip_tagged_fields(body, pos)
+        return None  # no topic
+    except (ScanError, HeaderError, IndexError, struct_error):
+        return None  # this part ends first (a malformed body fails when assembled)
+
+
+def scan_fetch_tail(tail) -> int:
+    """The end of a FetchResponse body from its :attr:`FetchHead.tail_offset`: the last
+    partition's, its topic's and the top-level tagged fields. Returns the number of
+    NodeEndpoints entries (KIP-951, tag 0)."""
+    try:
+        pos = skip_tagged_fields(tail, 0)  # the last partition's
+        pos = skip_tagged_fields(tail, pos)  # its topic's
+        return _node_endpoints(tail, pos)
+    except ScanError:
+        raise
+    except Exception as exc:
+        raise ScanError(f"malformed FetchResponse end: {exc}") from exc
 
 
 def _node_endpoints(body, pos: int) -> int:

@@ -19,7 +19,7 @@ from struct import Struct
 from struct import error as struct_error
 from typing import TYPE_CHECKING
 
-from protocol.apis import FIRST_FLEXIBLE_VERSION, ApiKey
+from protocol.apis import FIRST_FLEXIBLE_VERSION, ApiKey, api_name
 from protocol.frames import FrameError, FrameReader
 from protocol.headers import HeaderError, parse_request_header, response_correlation_id
 from protocol.messages import DecodeError
@@ -27,7 +27,7 @@ from protocol.produce import produce_acks
 from protocol.throttle import with_throttle
 from protocol.scan import ScanError
 
-from .filters.base import UNFILTERED, UNROUTED, Answer, Close, Defer, Forward, Hold
+from .filters.base import UNFILTERED, UNROUTED, Answer, Close, Defer, Forward, Hold, StreamRoute
 from .flow import ReadGate
 from .principal import ANONYMOUS, SaslError, principal_from_client_token, scram_exchange_complete
 from .stats import SLOT_KEYS, SLOT_VERSIONS
@@ -766,7 +766,8 @@ class ClientConnection(asyncio.Protocol):
 class UpstreamConnection(asyncio.Protocol):
     """The broker side of one client connection: frames responses back to it."""
 
-    __slots__ = ("client", "transport", "_reader", "_through", "_streaming_size")
+    __slots__ = ("client", "transport", "_reader", "_through", "_streaming_size", "_tail", "_tail_route",
+                 "_unheld")
 
     def __init__(self, client: ClientConnection) -> None:
         self.client = client
@@ -777,6 +778,12 @@ class UpstreamConnection(asyncio.Protocol):
         # (see _stream): the bytes of it still to come, and its size without the size prefix.
         self._through = 0
         self._streaming_size = 0
+        # A streamed response whose filters must see its tail first (a StreamRoute): the tail
+        # received so far (None: no such response), its route, and the bytes still to send
+        # before the tail starts.
+        self._tail: bytearray | None = None
+        self._tail_route: StreamRoute | None = None
+        self._unheld = 0
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -801,11 +808,18 @@ class UpstreamConnection(asyncio.Protocol):
                 try:
                     route = entry.route
                     if size != n - 4:
-                        if size > n - 4 and route is AS_READ:
-                            # It starts this chunk and goes on past it, and nothing changes
-                            # it: it goes back as it comes (see _stream).
-                            self._start_stream(entry, data, size)
-                            return
+                        if size > n - 4:
+                            # It starts this chunk and goes on past it. If nothing changes it,
+                            # or its filters can tell from its head that they will not, it
+                            # goes back as it comes (see _stream).
+                            if route is AS_READ:
+                                self._start_stream(entry, data, size)
+                                return
+                            if type(route) is StreamRoute:
+                                hold_from = route.hold_from(client, entry, data, size)
+                                if hold_from is not None:
+                                    self._start_stream(entry, data, size, route, hold_from)
+                                    return
                         out = None  # several responses, or a long one its filters see whole
                     elif route is AS_READ:
                         # Exactly one response, which nothing changes or whose one filter
@@ -838,15 +852,26 @@ class UpstreamConnection(asyncio.Protocol):
                 self._response_failed(exc)
                 return
 
-    def _start_stream(self, entry: InFlight, data: bytes, size: int) -> None:
+    def _start_stream(self, entry: InFlight, data: bytes, size: int, route: StreamRoute | None = None,
+                      hold_from: int = 0) -> None:
         """Writes the first chunk of a response that goes back as it came and is longer than
         the chunk: the rest follows as it arrives, never assembled into a frame. Its entry
         stays at the head of the queues until its last byte is written, so nothing is written
-        in between (an answer the proxy made itself waits behind it, see _send_due)."""
+        in between (an answer the proxy made itself waits behind it, see _send_due). With a
+        ``route``, the bytes from ``hold_from`` on (the response's tail) are held back until
+        its filters have seen them."""
         if entry.forwarded_at:
             entry.upstream_ms = (time.monotonic() - entry.forwarded_at) * 1000
-        self.client.transport.write(data)
-        self._through = size + 4 - len(data)
+        n = len(data)
+        self.client.stats.responses_streamed[entry.api_key] += 1
+        if route is None:
+            self.client.transport.write(data)
+        else:
+            self._tail_route = route
+            self._tail = bytearray(data[hold_from:]) if hold_from < n else bytearray()
+            self._unheld = max(hold_from - n, 0)
+            self.client.transport.write(data if hold_from >= n else data[:hold_from])
+        self._through = size + 4 - n
         self._streaming_size = size
 
     def _stream(self, data: bytes) -> bytes | None:
@@ -860,18 +885,53 @@ class UpstreamConnection(asyncio.Protocol):
         if type(data) is not bytes:
             data = bytes(data)  # a chunk that is not ours to keep
         try:
-            if n < through:
+            if self._tail is not None:
+                self._through = max(through - n, 0)
+                self._stream_held(data if n <= through else data[:through], n >= through)
+            elif n < through:
                 client.transport.write(data)
                 self._through = through - n
                 return None
-            client.transport.write(data if n == through else data[:through])
-            self._through = 0
-            client._head_written(self._streaming_size)  # its last byte is out
+            else:
+                client.transport.write(data if n == through else data[:through])
+                self._through = 0
+                client._head_written(self._streaming_size)  # its last byte is out
         except Exception as exc:  # as the general path: this connection only
             self._through = 0
+            self._tail = self._tail_route = None
             self._response_failed(exc)
             return None
         return data[through:] if n > through and not client._closed else None
+
+    def _stream_held(self, part: bytes, last: bool) -> None:
+        """The next ``part`` of a streamed response whose tail is held back (see
+        _start_stream); ``last``: it ends the response. The tail goes once every filter
+        accepts it unchanged; otherwise the client's connection is closed (the response's size
+        went first, so it cannot be changed), with a log line."""
+        client = self.client
+        unheld = self._unheld
+        if unheld >= len(part) and not last:
+            client.transport.write(part)
+            self._unheld = unheld - len(part)
+            return
+        self._unheld = 0
+        self._tail += part[unheld:] if unheld else part
+        if not last:
+            if unheld:
+                client.transport.write(part[:unheld])
+            return
+        tail = bytes(self._tail)
+        route = self._tail_route
+        self._tail = self._tail_route = None
+        entry = client._pending[0]
+        if not route.tail_unchanged(client, entry, tail):
+            log.error("%s v%d response to %s: a filter would change its end after it began streaming "
+                      "(NodeEndpoints without a moved partition); closing the connection, the client asks again",
+                      api_name(entry.api_key), entry.api_version, client.label)
+            client._close()
+            return
+        client.transport.write(part[:unheld] + tail if unheld else tail)
+        client._head_written(self._streaming_size)  # its last byte is out
 
     def _response_failed(self, exc: Exception) -> None:
         """A response filter or a write to the client raised: the client's connection is

@@ -142,6 +142,9 @@ class ProxyStats:
         # from: "broker", "proxy" (filled from the leader cache) or "none".
         self.leader_hints: defaultdict[str, int] = defaultdict(int)
         self.uplifted_requests: defaultdict[str, int] = defaultdict(int)
+        # Per API key: responses longer than the chunk they began in that went to the client as
+        # they arrived (nothing changed them, or their filters could tell from their head).
+        self.responses_streamed: defaultdict[int, int] = defaultdict(int)
 
 
 def counter_by(name: str, doc: str, label: str, counts: Mapping) -> CounterMetricFamily:
@@ -210,6 +213,11 @@ class StatsCollector(Collector):
         yield CounterMetricFamily(
             "kqp_upstream_connect_failures", "Failed attempts to connect to a broker",
             value=s.upstream_connect_failures,
+        )
+        yield counter_by(
+            "kqp_responses_streamed",
+            "Responses longer than their first chunk sent on as they arrived, not assembled first",
+            "api", {api_name(key): n for key, n in s.responses_streamed.items()},
         )
         yield counter_by(
             "kqp_frames_rejected", "Client frames that closed their connection", "reason", s.frames_rejected

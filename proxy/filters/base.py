@@ -13,8 +13,9 @@ from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from protocol.apis import SPECS
-from protocol.headers import RequestHeader
+from protocol.apis import SPECS, ApiKey
+from protocol.headers import RequestHeader, response_body_offset
+from protocol.scan import scan_fetch_head, scan_fetch_tail
 
 if TYPE_CHECKING:
     from proxy.connection import ClientConnection, InFlight
@@ -70,6 +71,54 @@ class ResponseFilter(Protocol):
     # Optional: ``on_response_chunk(conn, entry, chunk)`` does what ``on_response`` does, on a
     # chunk that is exactly one response with its size prefix, and returns the chunk to send,
     # or None to have ``on_response`` run instead. Used when it is the API's only filter.
+    #
+    # Optional, for the APIs in STREAM_SCANS: ``on_stream_head(conn, entry, head)`` and
+    # ``on_stream_tail(conn, entry, node_endpoints)``. When every filter of the API has them,
+    # a response longer than its first chunk may go back as it arrives: each filter is asked
+    # about its head (e.g. protocol.scan.FetchHead) and returns whether it would leave the
+    # response unchanged; if all do, everything before the head's tail offset is sent as it
+    # comes, and the tail (tagged fields only) is held back until each filter accepts it
+    # unchanged too. A filter that would change the tail must not say yes to the head: the
+    # size prefix is already sent.
+
+
+# API key -> the scanners of a response's head and tail, for the APIs whose responses may
+# stream through their filters (see above): Fetch, whose responses are the large ones.
+STREAM_SCANS = {ApiKey.FETCH: (scan_fetch_head, scan_fetch_tail)}
+
+
+class StreamRoute:
+    """InFlight.route of a response whose filters all offer the stream hooks above. A response
+    that is one whole chunk goes through the filters (``__call__`` gives None)."""
+
+    __slots__ = ("filters", "scan_head", "scan_tail")
+
+    def __init__(self, filters: tuple, scans) -> None:
+        self.filters = filters
+        self.scan_head, self.scan_tail = scans
+
+    def __call__(self, conn, entry, chunk):
+        return None
+
+    def hold_from(self, conn, entry, chunk, size: int) -> int | None:
+        """For the first ``chunk`` of a response of ``size`` bytes (size prefix excluded; the
+        chunk has it): the offset, counted from the chunk's first byte, where the tail the
+        filters must see before it is sent starts; None: the response is assembled instead."""
+        frame = memoryview(chunk)[4:]
+        offset = response_body_offset(frame, entry.api_key, entry.api_version)
+        head = self.scan_head(frame[offset:], entry.api_version)
+        if head is None:
+            return None
+        start = 4 + offset + head.tail_offset
+        # The tail holds three tagged-field sections (a byte each at least), inside the frame.
+        if start + 3 > size + 4 or not all(f.on_stream_head(conn, entry, head) for f in self.filters):
+            return None
+        return start
+
+    def tail_unchanged(self, conn, entry, tail: bytes) -> bool:
+        """Whether every filter leaves ``tail`` as it is (raises ScanError if malformed)."""
+        endpoints = self.scan_tail(tail)
+        return all([f.on_stream_tail(conn, entry, endpoints) for f in self.filters])
 
 
 _NEVER = 2**15  # above any int16 version
@@ -120,10 +169,7 @@ class FilterChain:
             for key in getattr(f, "response_api_keys", f.api_keys):
                 response.setdefault(key, []).append((since.get(key, 0), f))
         self.response = {key: _entry(fs) for key, fs in response.items()}
-        self.response_route = {
-            key: (self.response[key][0], getattr(fs[0][1], "on_response_chunk", None) if len(fs) == 1 else None)
-            for key, fs in response.items()
-        }
+        self.response_route = {key: (self.response[key][0], _route(key, fs)) for key, fs in response.items()}
 
     def _requests(self, uplift: bool) -> tuple[dict, tuple]:
         every: list[RequestFilter] = []
@@ -141,6 +187,17 @@ class FilterChain:
                     request.setdefault(key, [(0, g) for g in every]).append((since.get(key, 0), f))
         # Every known API has an entry; request_all is for the others.
         return {key: _entry(fs) for key, fs in request.items()}, ((0, tuple(every)) if every else UNFILTERED)
+
+
+def _route(key: int, filters: list[tuple[int, object]]):
+    """How a response of ``key`` at or above its filters' first version goes back: the chunk
+    filter of its only filter, a StreamRoute, or None (assembled, through the filters)."""
+    chunk_filter = getattr(filters[0][1], "on_response_chunk", None) if len(filters) == 1 else None
+    if chunk_filter is not None:
+        return chunk_filter
+    if key in STREAM_SCANS and all(hasattr(f, "on_stream_head") and hasattr(f, "on_stream_tail") for _, f in filters):
+        return StreamRoute(tuple(f for _, f in filters), STREAM_SCANS[key])
+    return None
 
 
 def _entry(filters: list[tuple[int, object]]) -> tuple[int, tuple]:

@@ -20,6 +20,21 @@ class EndpointRewriteFilter:
 
     api_keys = frozenset(rewrite.ENDPOINT_REWRITERS)
     response_since = _NODE_ENDPOINTS_SINCE  # Produce / Fetch carry no endpoints before these
+    # Whether Fetch responses may stream (filters.base.StreamRoute); off for good once a broker
+    # sent NodeEndpoints where KIP-951 says it would not.
+    streams = True
+
+    def on_stream_head(self, conn, entry, head) -> bool:
+        return self.streams  # the endpoints are in the tail, seen before it is sent
+
+    def on_stream_tail(self, conn, entry, node_endpoints: int) -> bool:
+        if node_endpoints:
+            # KIP-951: a broker sends NodeEndpoints only with a partition that moved, and the
+            # head showed none. This response cannot be rewritten (its size went first); the
+            # next ones are assembled, so their endpoints are rewritten.
+            self.streams = False
+            return False
+        return True
 
     def on_response(self, conn, entry, frame):
         key, version = entry.api_key, entry.api_version

@@ -68,6 +68,15 @@ class LeaderHintFilter:
         conn.stats.leader_hints["none"] += len(missing)
         return bytes(frame[:offset]) + encode_body(resp) if filled else frame
 
+    def on_stream_head(self, conn, entry, head) -> bool:
+        # KIP-951: brokers set CurrentLeader and NodeEndpoints only for partitions that failed
+        # with NOT_LEADER_OR_FOLLOWER or FENCED_LEADER_EPOCH; without one there is nothing to
+        # learn or fill, so the response may stream (see filters.base.StreamRoute).
+        return _MOVED.isdisjoint(head.error_codes)
+
+    def on_stream_tail(self, conn, entry, node_endpoints: int) -> bool:
+        return True  # nothing moved (the head said so): nothing to learn or fill
+
     def _refresh(self, missing):
         """Asks for the metadata of the topics of ``missing`` (by id when known only by id);
         the future of that refresh, or None when there is nothing to ask for."""

@@ -183,6 +183,51 @@ def test_confluent_kafka_with_consumer_group(stack):
         assert sum_samples(after, "kqp_requests_total", api=api) > sum_samples(before, "kqp_requests_total", api=api)
 
 
+def test_large_fetch_responses_stream_through_intact(stack):
+    """Fetch v16 responses of a few hundred KiB go to librdkafka as they arrive (the leader
+    and endpoint filters tell from their heads that nothing moved), byte for byte."""
+    from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    relay_tansu, proxy_proc = stack
+    before = proxy_proc.metrics()
+    topic = _topic("stream")
+    sent = [(f"k-{i}".encode(), (f"v-{i}-".encode() * 200)[:4096]) for i in range(1500)]  # 6 MiB
+    admin = AdminClient({"bootstrap.servers": proxy_proc.bootstrap, "client.id": "it-stream-admin"})
+    admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])[topic].result(30)
+    try:
+        producer = Producer({"bootstrap.servers": proxy_proc.bootstrap, "client.id": "it-stream-producer",
+                             "acks": "all", "linger.ms": 5})
+        for k, v in sent:
+            producer.produce(topic, key=k, value=v)
+            producer.poll(0)
+        assert producer.flush(60) == 0
+        consumer = Consumer({"bootstrap.servers": proxy_proc.bootstrap, "client.id": "it-stream-consumer",
+                             "group.id": "unused", "enable.auto.commit": False,
+                             "fetch.max.bytes": 1 << 20, "max.partition.fetch.bytes": 1 << 20})
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        received = []
+        deadline = time.monotonic() + 60
+        while len(received) < len(sent) and time.monotonic() < deadline:
+            for msg in consumer.consume(num_messages=500, timeout=1.0):
+                if msg.error():
+                    raise KafkaException(msg.error())
+                received.append((msg.key(), msg.value()))
+        consumer.close()
+        assert received == sent
+    finally:
+        admin.delete_topics([topic])[topic].result(30)
+    after = proxy_proc.metrics()
+    streamed = sum_samples(after, "kqp_responses_streamed_total", api="Fetch") - sum_samples(
+        before, "kqp_responses_streamed_total", api="Fetch")
+    versions = {dict(labels)["version"] for (name, labels), _ in after.items()
+                if name == "kqp_responses_total" and dict(labels).get("api") == "Fetch"}
+    assert max(map(int, versions)) >= 16, versions  # librdkafka speaks Fetch v16+ through the proxy
+    assert streamed > 0
+    assert sum_samples(after, "kqp_decode_failures_total") == sum_samples(before, "kqp_decode_failures_total")
+    _assert_only_the_proxy_reached_the_broker(relay_tansu, proxy_proc)
+
+
 # -- aiokafka ---------------------------------------------------------------------------------
 
 

@@ -73,8 +73,8 @@ class Wire:
 class Pair:
     """A client connection whose broker connection is already up (as _connect_upstream leaves it)."""
 
-    def __init__(self, raw: dict | None = None) -> None:
-        self.server = ProxyServer(parse_config(raw or BASE))
+    def __init__(self, raw: dict | None = None, server: ProxyServer | None = None) -> None:
+        self.server = server or ProxyServer(parse_config(raw or BASE))
         self.conn = ClientConnection(self.server, None)
         self.client = Wire()
         self.conn.connection_made(self.client)

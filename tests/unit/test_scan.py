@@ -11,7 +11,7 @@ from kafka.protocol.consumer import FetchResponse
 from kafka.protocol.producer import ProduceResponse
 
 from protocol.messages import encode_body
-from protocol.scan import ScanError, scan_fetch_response, scan_produce_response
+from protocol.scan import ScanError, scan_fetch_head, scan_fetch_response, scan_fetch_tail, scan_produce_response
 from tests.support.kafka_messages import TOPIC_ID, make
 
 PRODUCE_VERSIONS = range(9, ProduceResponse.max_version + 1)
@@ -267,3 +267,36 @@ def test_random_corruption_only_raises_scan_error(case, data):
 def test_random_bytes_only_raise_scan_error(version, body):
     _scan_or_scan_error(scan_fetch_response, body, version)
     _scan_or_scan_error(scan_produce_response, body, min(version, ProduceResponse.max_version))
+
+
+# --- Fetch, first part only (a response streamed through the filters) ----------------------
+
+
+@pytest.mark.parametrize("version", FETCH_VERSIONS)
+@pytest.mark.parametrize("errors_by_topic", [((0,),), ((0, 74), (0,)), ((3,), (0, 0))], ids=["one", "moved", "three"])
+@pytest.mark.parametrize("endpoints", [True, False], ids=["endpoints", "no-endpoints"])
+def test_fetch_head_agrees_with_the_whole_scan_on_every_first_part(version, errors_by_topic, endpoints):
+    body = fetch_body(version, errors_by_topic=errors_by_topic, endpoints=endpoints)
+    whole = scan_fetch_response(body, version)
+    head = scan_fetch_head(memoryview(body), version)
+    assert head.error_codes == whole.error_codes
+    # Only tagged fields follow the last partition's records, NodeEndpoints among them.
+    assert scan_fetch_tail(body[head.tail_offset:]) == whole.node_endpoints
+    records_length_at = head.tail_offset - (50 + len(errors_by_topic[-1]) - 1) - 1
+    for cut in range(len(body)):
+        part = scan_fetch_head(memoryview(body)[:cut], version)
+        # Known once the last partition's records length is in; never wrong before.
+        assert part == (head if cut > records_length_at else None), cut
+
+
+@pytest.mark.parametrize("version", FETCH_VERSIONS)
+def test_fetch_head_of_a_response_without_partitions_is_none(version):
+    assert scan_fetch_head(fetch_body(version, errors_by_topic=(), endpoints=False), version) is None
+    assert scan_fetch_head(fetch_body(version, errors_by_topic=((),), endpoints=False), version) is None
+
+
+def test_a_fetch_tail_that_does_not_end_the_body_is_malformed():
+    with pytest.raises(ScanError):
+        scan_fetch_tail(b"\x00\x00\x00\x00")  # a byte after the top-level tagged fields
+    with pytest.raises(ScanError):
+        scan_fetch_tail(b"\x00\x00")  # no top-level tagged fields
