@@ -53,7 +53,7 @@ def stack(relay_tansu, proxy):
 def _assert_only_the_proxy_reached_the_broker(relay_tansu, proxy_proc) -> None:
     relay = relay_tansu.relay
     assert relay.connections_from(proxy_proc.pid), "no connection reached the broker through the proxy"
-    assert relay.connections_not_from(proxy_proc.pid) == []
+    assert relay.escapes(proxy_proc.pid) == []
 
 
 def _assert_content(received: list[tuple[int, bytes, bytes]], sent: list[tuple[bytes, bytes]]) -> None:

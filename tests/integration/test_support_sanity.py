@@ -17,6 +17,7 @@ from kafka.structs import TopicPartition
 
 from proxy import procnet
 from proxy.local_broker import TANSU_VERSION, api_versions_ping as api_versions_round_trip, tansu_version
+from tests.support.relay import RelayedConnection
 
 pytestmark = pytest.mark.integration
 
@@ -96,3 +97,17 @@ def test_relay_attributes_other_processes(relay_tansu):
     assert child.pid in pids
     assert os.getpid() in pids
     assert relay.connections_not_from(os.getpid()) == [c for c in relay.connections if c.pid == child.pid]
+
+
+def test_relay_counts_an_unattributed_connection_as_an_escape_only_if_the_broker_answered(relay_tansu):
+    relay = relay_tansu.relay
+    assert api_versions_round_trip(*relay.address)  # answered, from this process
+    # Owners the relay could not find (sockets closed before it looked): one the broker
+    # answered, one it never did.
+    with relay._lock:
+        relay._connections.append(RelayedConnection(peer=("127.0.0.1", 1), pid=None, answered_bytes=10))
+        relay._connections.append(RelayedConnection(peer=("127.0.0.1", 2), pid=None))
+    (ours,) = [c for c in relay.connections if c.pid == os.getpid()]
+    assert ours.answered_bytes > 0
+    assert [c.peer for c in relay.escapes(os.getpid())] == [("127.0.0.1", 1)]
+    assert [c.peer for c in relay.escapes(-1)] == [ours.peer, ("127.0.0.1", 1)]

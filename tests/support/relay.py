@@ -21,10 +21,11 @@ from proxy import procnet
 from tests.support.threaded_server import ThreadedServer, pipe
 
 
-@dataclass(frozen=True)
+@dataclass
 class RelayedConnection:
     peer: tuple[str, int]
     pid: int | None  # None when no process visible here holds the peer socket
+    answered_bytes: int = 0  # bytes the broker sent back on it
 
 
 class CountingRelay(ThreadedServer):
@@ -47,26 +48,49 @@ class CountingRelay(ThreadedServer):
     def connections_not_from(self, pid: int) -> list[RelayedConnection]:
         return [c for c in self.connections if c.pid != pid]
 
+    def escapes(self, pid: int) -> list[RelayedConnection]:
+        """Connections the broker answered that did not come from ``pid``. A socket closed
+        before the relay could find its owner (the proxy dropping a broker connection it opened
+        for a client that left meanwhile) has no pid; it counts only if the broker answered
+        it, since a client that escaped would have waited for an answer."""
+        return [c for c in self.connections if c.pid != pid and (c.pid is not None or c.answered_bytes)]
+
     def connections_from(self, pid: int) -> list[RelayedConnection]:
         return [c for c in self.connections if c.pid == pid]
 
     # -- relaying -------------------------------------------------------------------------
+
+    async def _owner(self, peer: tuple[str, int], local: tuple[str, int]) -> int | None:
+        """The pid holding the peer socket. /proc/net/tcp is read in pieces, and a socket table
+        changing meanwhile (clients connecting and closing) can leave a live socket out of one
+        reading, so a miss is read again a few times; the peer waits for its first answer."""
+        for attempt in range(5):
+            inode = procnet.connection_inode(local=peer, remote=local)
+            pid = procnet.owner_of(inode, self.candidate_pids) if inode else None
+            if pid is not None:
+                return pid
+            await asyncio.sleep(0.002 * (attempt + 1))
+        return None
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             # Look the peer up before anything else: the client's socket must still exist.
             peer = writer.get_extra_info("peername")[:2]
             local = writer.get_extra_info("sockname")[:2]
-            inode = procnet.connection_inode(local=peer, remote=local)
-            pid = procnet.owner_of(inode, self.candidate_pids) if inode else None
+            pid = await self._owner(peer, local)
+            connection = RelayedConnection(peer=peer, pid=pid)
             with self._lock:
-                self._connections.append(RelayedConnection(peer=peer, pid=pid))
+                self._connections.append(connection)
             upstream = await self._connect_target()
             if upstream is None:
                 return
             up_reader, up_writer = upstream
             try:
-                await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+                def answered(data: bytes) -> None:
+                    with self._lock:
+                        connection.answered_bytes += len(data)
+
+                await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer, answered))
             finally:
                 up_writer.close()
         finally:
