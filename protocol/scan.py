@@ -78,26 +78,18 @@ def scan_produce_response(body, version: int) -> ResponseScan:
 
 def scan_fetch_response(body, version: int) -> ResponseScan:
     """FetchResponse v12+ (flexible)."""
-    if version < 12:
-        raise ScanError("only flexible FetchResponse versions are scanned")
+    _check_flexible_fetch(version)
     try:
         errors: set[int] = set()
-        pos = 4 + 2 + 4  # throttle, error code, session id
-        topics, pos = _compact_len(body, pos)
+        topics, pos = _compact_len(body, 4 + 2 + 4)  # after throttle, error code, session id
         for _ in range(max(topics, 0)):
-            if version >= 13:
-                pos += 16
-            else:
-                pos = _skip_compact_bytes(body, pos)
-            parts, pos = _compact_len(body, pos)
+            parts, pos = _fetch_topic_head(body, pos, version)
             for _ in range(max(parts, 0)):
-                errors.add(_INT16.unpack_from(body, pos + 4)[0])
-                pos += 4 + 2 + 8 + 8 + 8  # index, error, high watermark, LSO, log start
-                aborted, pos = _compact_len(body, pos)
-                for _ in range(max(aborted, 0)):
-                    pos = skip_tagged_fields(body, pos + 16)
-                pos += 4  # preferred read replica
-                pos = _skip_compact_bytes(body, pos)  # records
+                code, records, pos = _fetch_partition_head(body, pos)
+                errors.add(code)
+                pos += max(records, 0)
+                if pos > len(body):
+                    raise ScanError("length runs past the body")
                 pos = skip_tagged_fields(body, pos)
             pos = skip_tagged_fields(body, pos)
         return ResponseScan(0, frozenset(errors), _node_endpoints(body, pos))
@@ -105,6 +97,30 @@ def scan_fetch_response(body, version: int) -> ResponseScan:
         raise
     except Exception as exc:
         raise ScanError(f"malformed FetchResponse v{version}: {exc}") from exc
+
+
+def _check_flexible_fetch(version: int) -> None:
+    if version < 12:
+        raise ScanError("only flexible FetchResponse versions are scanned")
+
+
+def _fetch_topic_head(body, pos: int, version: int) -> tuple[int, int]:
+    """A FetchResponse topic up to its partitions: (partition count, position of the first)."""
+    pos = pos + 16 if version >= 13 else _skip_compact_bytes(body, pos)  # topic id / name
+    return _compact_len(body, pos)
+
+
+def _fetch_partition_head(body, pos: int) -> tuple[int, int, int]:
+    """A FetchResponse partition up to its records: (error code, records length or -1 for
+    null, position of the records)."""
+    code = _INT16.unpack_from(body, pos + 4)[0]
+    pos += 4 + 2 + 8 + 8 + 8  # index, error, high watermark, LSO, log start
+    aborted, pos = _compact_len(body, pos)
+    for _ in range(max(aborted, 0)):
+        pos = skip_tagged_fields(body, pos + 16)
+    pos += 4  # preferred read replica
+    records, pos = _compact_len(body, pos)
+    return code, records, pos
 
 
 class FetchHead(NamedTuple):
@@ -118,25 +134,17 @@ def scan_fetch_head(body, version: int) -> FetchHead | None:
     """FetchResponse v12+ (flexible) of which ``body`` may hold only a first part: the head,
     when that part reaches the last partition's records length (every partition before it
     whole); None when it does not, or when the response has no partition."""
-    if version < 12:
-        raise ScanError("only flexible FetchResponse versions are scanned")
+    _check_flexible_fetch(version)
     try:
         errors: set[int] = set()
-        pos = 4 + 2 + 4  # throttle, error code, session id
-        topics, pos = _compact_len(body, pos)
+        topics, pos = _compact_len(body, 4 + 2 + 4)  # after throttle, error code, session id
         for t in range(topics):
-            pos = pos + 16 if version >= 13 else _skip_compact_bytes(body, pos)
-            parts, pos = _compact_len(body, pos)
+            parts, pos = _fetch_topic_head(body, pos, version)
             if parts <= 0:
                 return None  # a topic without partitions: rare, assembled
             for p in range(parts):
-                errors.add(_INT16.unpack_from(body, pos + 4)[0])
-                pos += 4 + 2 + 8 + 8 + 8  # index, error, high watermark, LSO, log start
-                aborted, pos = _compact_len(body, pos)
-                for _ in range(max(aborted, 0)):
-                    pos = skip_tagged_fields(body, pos + 16)
-                pos += 4  # preferred read replica
-                records, pos = _compact_len(body, pos)
+                code, records, pos = _fetch_partition_head(body, pos)
+                errors.add(code)
                 if t == topics - 1 and p == parts - 1:
                     return FetchHead(pos + max(records, 0), frozenset(errors))
                 pos += max(records, 0)
