@@ -868,9 +868,9 @@ class UpstreamConnection(asyncio.Protocol):
             self.client.transport.write(data)
         else:
             self._tail_route = route
-            self._tail = bytearray(data[hold_from:]) if hold_from < n else bytearray()
+            self._tail = bytearray(data[hold_from:])  # empty when the tail starts in a later chunk
             self._unheld = max(hold_from - n, 0)
-            self.client.transport.write(data if hold_from >= n else data[:hold_from])
+            self.client.transport.write(data[:hold_from])  # the very chunk when it all goes
         self._through = size + 4 - n
         self._streaming_size = size
 
@@ -885,17 +885,14 @@ class UpstreamConnection(asyncio.Protocol):
         if type(data) is not bytes:
             data = bytes(data)  # a chunk that is not ours to keep
         try:
+            self._through = max(through - n, 0)
+            part = data if n <= through else data[:through]
             if self._tail is not None:
-                self._through = max(through - n, 0)
-                self._stream_held(data if n <= through else data[:through], n >= through)
-            elif n < through:
-                client.transport.write(data)
-                self._through = through - n
-                return None
+                self._stream_held(part, n >= through)
             else:
-                client.transport.write(data if n == through else data[:through])
-                self._through = 0
-                client._head_written(self._streaming_size)  # its last byte is out
+                client.transport.write(part)
+                if n >= through:
+                    client._head_written(self._streaming_size)  # its last byte is out
         except Exception as exc:  # as the general path: this connection only
             self._through = 0
             self._tail = self._tail_route = None

@@ -118,6 +118,7 @@ class StreamRoute:
     def tail_unchanged(self, conn, entry, tail: bytes) -> bool:
         """Whether every filter leaves ``tail`` as it is (raises ScanError if malformed)."""
         endpoints = self.scan_tail(tail)
+        # Every filter sees the tail, even after one refused it (it may stop streaming for good).
         return all([f.on_stream_tail(conn, entry, endpoints) for f in self.filters])
 
 

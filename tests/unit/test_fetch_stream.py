@@ -58,6 +58,11 @@ def sent_fetch(pair: Pair, correlation_id: int = 2) -> int:
     return len(pair.client.writes)
 
 
+def sent_since(pair: Pair, before: int) -> bytes:
+    """What the client got after its first ``before`` writes."""
+    return b"".join(bytes(w) for w in pair.client.writes[before:])
+
+
 def test_a_long_fetch_response_nothing_moved_in_streams_with_its_tail_held_back():
     async def go():
         pair = armed_pair()
@@ -69,10 +74,10 @@ def test_a_long_fetch_response_nothing_moved_in_streams_with_its_tail_held_back(
         pair.up.data_received(chunks[0])
         assert pair.client.writes[before:] == [chunks[0]]  # the very chunk, before the rest came
         pair.up.data_received(chunks[1])
-        assert b"".join(bytes(w) for w in pair.client.writes[before:]) == response[:-tail]  # the tail waits
+        assert sent_since(pair, before) == response[:-tail]  # the tail waits
         assert pair.conn._pending[0].correlation_id == 2  # counted once its last byte is out
         pair.up.data_received(chunks[2])
-        assert b"".join(bytes(w) for w in pair.client.writes[before:]) == response
+        assert sent_since(pair, before) == response
         assert pair.server.stats.responses[(ApiKey.FETCH, VERSION)] == 1
         assert pair.server.stats.responses_streamed == {ApiKey.FETCH: 1}
         assert pair.server.stats.bytes_upstream_to_client == len(pair.client.bytes())
@@ -89,7 +94,7 @@ def test_a_streamed_fetch_response_is_followed_by_the_next_response_in_the_same_
         first, second = fetch_response(2, ((0, 3000),)), fetch_response(3, ((0, 10),))
         pair.up.data_received(first[:100])
         pair.up.data_received(first[100:] + second)  # its end (tail included) and the next whole
-        assert b"".join(bytes(w) for w in pair.client.writes[before:]) == first + second
+        assert sent_since(pair, before) == first + second
         assert pair.server.stats.responses[(ApiKey.FETCH, VERSION)] == 2
         assert not pair.conn._pending
 
@@ -104,7 +109,7 @@ def test_a_fetch_response_with_a_moved_partition_is_assembled_for_its_filters():
         pair.up.data_received(response[:300])  # the whole head, the moved partition in it
         assert pair.client.writes[before:] == []  # nothing goes before the filters saw it all
         pair.up.data_received(response[300:])
-        got = b"".join(bytes(w) for w in pair.client.writes[before:])
+        got = sent_since(pair, before)
         assert struct.unpack_from(">i", got, 4)[0] == 2
         assert b"b3.internal" not in got  # the broker's hint address became a proxy address
         assert pair.server.stats.responses[(ApiKey.FETCH, VERSION)] == 1
@@ -122,7 +127,7 @@ def test_a_fetch_response_whose_head_is_not_in_its_first_chunk_is_assembled():
         pair.up.data_received(response[:500])
         assert pair.client.writes[before:] == []
         pair.up.data_received(response[500:])
-        assert b"".join(bytes(w) for w in pair.client.writes[before:]) == response
+        assert sent_since(pair, before) == response
         assert not pair.server.stats.responses_streamed
 
     asyncio.run(go())
@@ -148,7 +153,7 @@ def test_node_endpoints_without_a_moved_partition_close_the_stream_and_stop_stre
         again.up.data_received(response[:200])
         assert again.client.writes[before:] == []
         again.up.data_received(response[200:])
-        got = b"".join(bytes(w) for w in again.client.writes[before:])
+        got = sent_since(again, before)
         assert struct.unpack_from(">i", got, 4)[0] == 2 and b"b3.internal" not in got
         assert not again.client.closed
 
