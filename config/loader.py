@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import math
 from pathlib import Path
 from types import MappingProxyType
@@ -16,6 +17,7 @@ from quotas.limiters import load_limiter_class
 from .model import (
     DEFAULT_RATE_LIMITERS,
     Config,
+    ConnectionsConfig,
     ControllerMutation,
     LeaderDiscovery,
     ListenConfig,
@@ -24,6 +26,7 @@ from .model import (
     QuotaEntities,
     QuotaWindows,
     RateLimiterSpec,
+    ReloadConfig,
     UpstreamConfig,
     UsageLogConfig,
 )
@@ -31,7 +34,7 @@ from .model import (
 _SECTIONS = {
     "upstream", "listen", "metrics", "quota_windows", "quota_entities", "quotas",
     "controller_mutation", "producer_id_quota", "rate_limiters", "leader_discovery",
-    "usage_log",
+    "usage_log", "connections", "reload",
 }
 
 
@@ -66,7 +69,9 @@ def parse_config(data: Any) -> Config:
     return Config(
         upstream=_upstream(root["upstream"], "upstream"),
         listen=_listen(root.get("listen", {}), "listen"),
+        connections=_connections(root.get("connections", {}), "connections"),
         metrics=_metrics(root.get("metrics", {}), "metrics"),
+        reload=_reload(root.get("reload", {}), "reload"),
         quota_windows=_quota_windows(root.get("quota_windows", {}), "quota_windows"),
         quota_entities=_quota_entities(root.get("quota_entities", {}), "quota_entities"),
         quotas=quotas,
@@ -306,8 +311,8 @@ def _listen(data: Any, path: str) -> ListenConfig:
 
 
 def _metrics(data: Any, path: str) -> MetricsConfig:
-    m = _mapping(data, path, {"host", "port", "enabled"})
     d = MetricsConfig()
+    m = _mapping(data, path, set(vars(d)))
     enabled = m.get("enabled", d.enabled)
     if not isinstance(enabled, bool):
         raise ConfigError(f"{path}.enabled", f"must be true or false, got {enabled!r}")
@@ -315,6 +320,61 @@ def _metrics(data: Any, path: str) -> MetricsConfig:
         host=_str(m, "host", path, d.host),
         port=_int(m, "port", path, d.port, 0, 65535),
         enabled=enabled,
+        max_entity_series=_int(m, "max_entity_series", path, d.max_entity_series, 1, 1_000_000),
+    )
+
+
+def _connections(data: Any, path: str) -> ConnectionsConfig:
+    d = ConnectionsConfig()
+    m = _mapping(data, path, set(vars(d)))
+    day_ms = 86_400_000
+    return ConnectionsConfig(
+        connections_max_idle_ms=_int(m, "connections_max_idle_ms", path, d.connections_max_idle_ms, 1, day_ms),
+        partial_request_timeout_ms=_int(m, "partial_request_timeout_ms", path, d.partial_request_timeout_ms, 1, day_ms),
+        max_connections=_optional(m, "max_connections", path, d.max_connections, _int, 1, 2**31 - 1),
+        max_connections_per_ip=_optional(m, "max_connections_per_ip", path, d.max_connections_per_ip, _int, 0, 2**31 - 1),
+        max_connections_per_ip_overrides=_per_ip(m, "max_connections_per_ip_overrides", path, _int, 0, 2**31 - 1),
+        max_connection_creation_rate=_optional(
+            m, "max_connection_creation_rate", path, d.max_connection_creation_rate, _number, 0.001),
+        connection_creation_rate=_optional(
+            m, "connection_creation_rate", path, d.connection_creation_rate, _number, 0.001),
+        connection_creation_rate_overrides=_per_ip(m, "connection_creation_rate_overrides", path, _number, 0.001),
+        queued_max_request_bytes=_int(m, "queued_max_request_bytes", path, d.queued_max_request_bytes, 1024, 2**40),
+    )
+
+
+def _optional(m: dict, key: str, path: str, default, read, *bounds):
+    """``read(m, key, path, default, *bounds)``, or None when the key is null (no limit)."""
+    if m.get(key, default) is None:
+        return None
+    return read(m, key, path, default, *bounds)
+
+
+def _per_ip(m: dict, key: str, path: str, read, *bounds) -> MappingProxyType:
+    """A mapping of IP address to a number (``read`` checks each)."""
+    raw = m.get(key) or {}
+    p = f"{path}.{key}"
+    if not isinstance(raw, dict):
+        raise ConfigError(p, f"must be a mapping of IP address to a number, got {raw!r}")
+    out = {}
+    for ip, value in raw.items():
+        try:
+            address = ipaddress.ip_address(str(ip))
+        except ValueError:
+            raise ConfigError(f"{p}.{ip}", f"must be an IP address, got {ip!r}") from None
+        out[str(address)] = read({ip: value}, ip, p, None, *bounds)
+    return MappingProxyType(out)
+
+
+def _reload(data: Any, path: str) -> ReloadConfig:
+    d = ReloadConfig()
+    m = _mapping(data, path, set(vars(d)))
+    atomic = m.get("require_atomic_rename", d.require_atomic_rename)
+    if not isinstance(atomic, bool):
+        raise ConfigError(f"{path}.require_atomic_rename", f"must be true or false, got {atomic!r}")
+    return ReloadConfig(
+        debounce_ms=_int(m, "debounce_ms", path, d.debounce_ms, 0, 60_000),
+        require_atomic_rename=atomic,
     )
 
 

@@ -33,10 +33,50 @@ class ListenConfig:
 
 
 @dataclass(frozen=True)
+class ConnectionsConfig:
+    """What one client connection, one IP and all clients together may hold, under Kafka's
+    broker setting names (dots as underscores) where Kafka has one. None: no limit."""
+
+    # Kafka's connections.max.idle.ms: nothing read, written or awaited for this long closes it.
+    connections_max_idle_ms: int = 600_000
+    # A frame started and not finished this long after its first byte closes the connection
+    # (time with reading paused by the proxy itself does not count).
+    partial_request_timeout_ms: int = 30_000
+    # Kafka's max.connections (Kafka: unlimited); client connections on all listeners.
+    max_connections: int | None = 10_000
+    # Kafka's max.connections.per.ip and max.connections.per.ip.overrides.
+    max_connections_per_ip: int | None = None
+    max_connections_per_ip_overrides: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    # Kafka's max.connection.creation.rate (all listeners): a connection over it is accepted later.
+    max_connection_creation_rate: float | None = None
+    # Kafka's per-IP connection_creation_rate quota (KIP-612), default and per IP: a connection
+    # over it is closed after the throttle time (ConnectionQuotas).
+    connection_creation_rate: float | None = None
+    connection_creation_rate_overrides: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    # Kafka's queued.max.request.bytes: bytes held by all connections in partial frames and
+    # requests waiting their turn; over it, the connections holding the most stop being read.
+    queued_max_request_bytes: int = 104_857_600
+
+
+@dataclass(frozen=True)
 class MetricsConfig:
     host: str = "127.0.0.1"
     port: int = 9404
     enabled: bool = True
+    # Per-entity series at most, per metric family: the most throttled and most active
+    # entities first, the rest summed into one "(other)" series.
+    max_entity_series: int = 1000
+
+
+@dataclass(frozen=True)
+class ReloadConfig:
+    """When a change to the configuration file is applied."""
+
+    # The file must be unchanged for this long before it is read (a write in progress is not).
+    debounce_ms: int = 500
+    # Only a file replaced by a rename (a new inode) is reloaded; changes written in place are
+    # logged and ignored until SIGHUP.
+    require_atomic_rename: bool = False
 
 
 @dataclass(frozen=True)
@@ -138,7 +178,9 @@ class UsageLogConfig:
 class Config:
     upstream: UpstreamConfig
     listen: ListenConfig = field(default_factory=ListenConfig)
+    connections: ConnectionsConfig = field(default_factory=ConnectionsConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    reload: ReloadConfig = field(default_factory=ReloadConfig)
     quota_windows: QuotaWindows = field(default_factory=QuotaWindows)
     quota_entities: QuotaEntities = field(default_factory=QuotaEntities)
     quotas: tuple[QuotaRule, ...] = ()
