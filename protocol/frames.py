@@ -24,29 +24,35 @@ class FrameError(Exception):
 class FrameReader:
     """Splits a byte stream into frames without the 4-byte size prefix.
 
-    Guarantees: a frame's size is checked against ``max_frame_bytes`` before any buffer is
-    allocated for it; a frame is returned only when complete; bytes after the last complete
-    frame are kept for the next :meth:`feed`. Frames that arrive whole inside one chunk are
-    returned as zero-copy ``memoryview`` slices of that chunk, valid until the caller drops it.
+    Guarantees: a frame's size is checked against ``max_frame_bytes`` before anything is kept
+    for it; nothing is ever allocated by an announced size: a frame still arriving holds the
+    bytes that arrived (as the chunks they came in) and no more, so a peer that announces
+    100 MB and sends 1 byte costs 1 byte; a frame is returned only when complete (a frame
+    that spanned chunks is joined once, then); bytes after the last complete frame are kept
+    for the next :meth:`feed`. Frames that arrive whole inside one chunk are returned as
+    zero-copy ``memoryview`` slices of that chunk, valid until the caller drops it.
     """
 
-    __slots__ = ("max_frame_bytes", "idle", "_partial", "_need", "_size_prefix")
+    __slots__ = ("max_frame_bytes", "idle", "frames_started", "_parts", "_need", "_size_prefix")
 
     def __init__(self, max_frame_bytes: int) -> None:
         self.max_frame_bytes = max_frame_bytes
-        self._partial: bytearray | None = None  # body of a frame still arriving
-        self._need = 0  # bytes still missing from ``_partial``
+        self._parts: list[bytes] | None = None  # the arrived bytes of a frame still arriving
+        self._need = 0  # bytes still missing from it
         self._size_prefix = b""  # a size prefix split across chunks
         self.idle = True  # nothing buffered: the next chunk starts with a size prefix
+        # Frames that did not arrive whole in one chunk, counted when they start: tells a
+        # frame that stays unfinished from a stream of frames each finished in time.
+        self.frames_started = 0
 
     @property
     def buffered_bytes(self) -> int:
-        """Bytes held for an incomplete frame (0 between frames)."""
-        if self._partial is not None:
-            return len(self._partial) - self._need + 4
+        """Bytes held for an incomplete frame, its size prefix included (0 between frames)."""
+        if self._parts is not None:
+            return sum(map(len, self._parts)) + 4
         return len(self._size_prefix)
 
-    def feed(self, data: bytes | bytearray | memoryview) -> list[memoryview | bytearray]:
+    def feed(self, data: bytes | bytearray | memoryview) -> list[memoryview | bytes]:
         """Consumes ``data``; returns the frames it completed, in order.
 
         Raises :class:`FrameError` for a negative size or one above ``max_frame_bytes``; the
@@ -57,29 +63,30 @@ class FrameReader:
             size = _INT32.unpack_from(data)[0]
             if size == len(data) - 4 and size <= self.max_frame_bytes:
                 return [memoryview(data)[4:]]
-        frames: list[memoryview | bytearray] = []
+        frames: list[memoryview | bytes] = []
         try:
             self._feed(memoryview(data), frames)
         except FrameError as exc:
             exc.frames = frames
             raise
         finally:
-            self.idle = self._partial is None and not self._size_prefix
+            self.idle = self._parts is None and not self._size_prefix
         return frames
 
     def _feed(self, view: memoryview, frames: list) -> None:
         pos = 0
         end = len(view)
-        if self._partial is not None:
+        if self._parts is not None:
             take = min(self._need, end)
-            start = len(self._partial) - self._need
-            self._partial[start : start + take] = view[:take]
+            # A whole chunk is kept as the object it came in; a part is copied (the rest of the
+            # chunk is the next frame's, and a slice would keep all of it alive).
+            self._parts.append(view.obj if take == end and type(view.obj) is bytes else bytes(view[:take]))
             self._need -= take
             pos = take
             if self._need:
                 return
-            frames.append(self._partial)
-            self._partial = None
+            frames.append(b"".join(self._parts))
+            self._parts = None
         if self._size_prefix:
             missing = 4 - len(self._size_prefix)
             if end - pos < missing:
@@ -114,10 +121,9 @@ class FrameReader:
         return size
 
     def _start_partial(self, view: memoryview, pos: int, end: int, size: int) -> int:
-        self._partial = bytearray(size)
-        have = end - pos
-        self._partial[:have] = view[pos:end]
-        self._need = size - have
+        self._parts = [bytes(view[pos:end])]
+        self._need = size - (end - pos)
+        self.frames_started += 1
         return end
 
 

@@ -26,7 +26,7 @@ def _feed_chunks(reader: FrameReader, data: bytes, cuts: list[int]) -> list[byte
     start = 0
     for cut in [*sorted(set(cuts)), len(data)]:
         for f in reader.feed(data[start:cut]):
-            assert isinstance(f, (memoryview, bytearray))
+            assert isinstance(f, (memoryview, bytes))
             out.append(bytes(f))
         start = cut
     return out
@@ -177,7 +177,7 @@ def test_memoryview_frames_stay_correct_after_later_feeds():
     assert [bytes(f) for f in later] == [b"gam", b"delta"]
     assert [bytes(f) for f in more] == [b"x" * 50]
     # Frames assembled across chunks are independent buffers.
-    assert isinstance(more[0], bytearray)
+    assert isinstance(more[0], bytes)
 
 
 def test_split_frames_do_not_share_buffers():
@@ -187,8 +187,10 @@ def test_split_frames_do_not_share_buffers():
     for i in range(0, len(data), 3):
         out.extend(reader.feed(data[i : i + 3]))
     assert [bytes(f) for f in out] == [b"A" * 10, b"B" * 10]
-    out[0][0] = ord("Z")  # writing into one frame leaves the other alone
-    assert bytes(out[1]) == b"B" * 10
+    # Joined frames are immutable bytes of their own: later feeds cannot change them.
+    assert all(type(f) is bytes for f in out)
+    reader.feed(frame(b"C" * 10)[:7])
+    assert out == [b"A" * 10, b"B" * 10]
 
 
 def test_zero_length_frames():
@@ -228,3 +230,30 @@ def test_a_whole_frame_after_a_partial_one_is_not_mistaken_for_a_single_frame():
     rest = frame(b"abcdef")[3:] + frame(b"xy")
     assert [bytes(f) for f in reader.feed(rest)] == [b"abcdef", b"xy"]
     assert reader.idle
+
+
+def test_an_announced_size_allocates_nothing_until_the_bytes_arrive():
+    """A peer that announces 100 MB and sends a byte costs that byte, not 100 MB."""
+    import tracemalloc
+
+    reader = FrameReader(100 * 1024 * 1024)
+    tracemalloc.start()
+    try:
+        assert reader.feed(struct.pack(">i", 100_000_000) + b"x") == []
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 * 1024
+    assert reader.buffered_bytes == 5 and not reader.idle and reader.frames_started == 1
+
+
+def test_a_long_frame_holds_only_what_arrived_and_counts_as_one_started_frame():
+    reader = FrameReader(MAX)
+    payload = bytes(range(256)) * 40
+    data = frame(payload)
+    got = []
+    for i in range(0, len(data), 1000):
+        got += reader.feed(data[i : i + 1000])
+        assert reader.buffered_bytes == (0 if got else min(i + 1000, len(data)))
+    assert [bytes(f) for f in got] == [payload]
+    assert reader.frames_started == 1 and reader.idle
