@@ -14,6 +14,7 @@ from config.engines import producer_id_manager_for, quota_manager_for
 from config.model import Config
 from quotas import QuotaManager
 from quotas.limiters import LimiterContext, RateLimiter
+from quotas.manager import quota_changes
 from quotas.producer_ids import ProducerIdObserver
 
 from .cluster import Cluster
@@ -193,7 +194,8 @@ class ProxyServer:
     def reload(self, config: Config) -> None:
         """Applies the quotas, rate limiters and producer-id reaction of a new, already validated
         configuration; connections stay. Raises ConfigError (nothing changed) when a rate
-        limiter refuses its new configuration."""
+        limiter refuses its new configuration. Logs each quota it removes at WARNING (an entity
+        losing them all, or one value) and each one it adds or changes at INFO."""
         before = self.config
         live = replace(before, quotas=config.quotas, rate_limiters=config.rate_limiters,
                        producer_id_quota=replace(before.producer_id_quota, reaction=config.producer_id_quota.reaction))
@@ -211,9 +213,13 @@ class ProxyServer:
         for conn in self.connections:
             conn.chain_changed()
         self.config = live
-        if config != live:
+        # Every quota the reload takes away is named: a cut-short file must not pass unnoticed.
+        for change in quota_changes(before.quotas, config.quotas):
+            log.log(logging.WARNING if change.removes_a_quota else logging.INFO, "reload %s", change.describe())
+        restart = [name for name, value in vars(config).items() if getattr(live, name) != value]
+        if restart:  # the reload: section included, which the watcher read at start
             log.warning("reload applied quotas, rate_limiters and producer_id_quota.reaction; "
-                        "other changed settings need a restart")
+                        "changed settings that need a restart: %s", ", ".join(restart))
         log.info("reloaded: %d quota entries and %d rate limiters in force", len(config.quotas), len(limiters))
 
     def _spawn(self, coro) -> None:

@@ -77,14 +77,18 @@ def _config_with_rate(p, request_rate) -> str:
 
 def _replace_config(p, text: str, keep_stat: bool = False) -> None:
     """Atomically replaces the config file (the watcher never reads half a file); with
-    ``keep_stat`` the new file has the old one's size and modification time."""
+    ``keep_stat`` the file is instead rewritten in place (same inode) with its old size and
+    modification time, a change no stat can see."""
     path = p.config_path
     old = os.stat(path)
-    tmp = path.with_suffix(".new")
-    tmp.write_text(text)
     if keep_stat:
         assert len(text.encode()) == old.st_size
-        os.utime(tmp, ns=(old.st_atime_ns, old.st_mtime_ns))
+        with open(path, "r+b") as f:
+            f.write(text.encode())
+        os.utime(path, ns=(old.st_atime_ns, old.st_mtime_ns))
+        return
+    tmp = path.with_suffix(".new")
+    tmp.write_text(text)
     os.replace(tmp, path)
 
 
