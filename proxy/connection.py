@@ -92,6 +92,9 @@ class InFlight:
     mutations = 0
     new_producer_ids = 0
     rejected = False
+    # Its request was given a throttle: the connection's later requests wait until the response
+    # is sent and the mute that follows it ends (see ClientConnection._hold_for_throttle).
+    holds = False
 
     def __init__(self, correlation_id: int, api_key: int, api_version: int, received_at: float,
                  request_bytes: int = 0) -> None:
@@ -173,7 +176,7 @@ class ClientConnection(asyncio.Protocol):
         "upstream", "_reader", "_pending", "_awaiting_upstream", "_unsent", "_closed",
         "_raw_sasl_frames", "_close_when_drained", "gate", "_connect_task", "_muted_until", "_unmute",
         "_deferred", "_held", "_held_error", "_acks0", "_uplift", "_requests", "_holding", "usage",
-        "_client_id_field", "_hot_head", "_through",
+        "_client_id_field", "_hot_head", "_through", "_throttle_hold", "_throttled_unsent",
     )
 
     def __init__(self, server: ProxyServer, node_id: int | None) -> None:
@@ -195,8 +198,15 @@ class ClientConnection(asyncio.Protocol):
         self._close_when_drained = False
         self._muted_until = 0.0
         self._deferred: asyncio.Task | None = None
-        self._held: list[bytes] = []  # frames that arrived while a request was deferred
+        self._held: list[bytes] = []  # frames read while a request was deferred or throttled
         self._held_error: FrameError | None = None
+        # Kafka's per-connection discipline for throttled work (SocketServer reads one request
+        # per connection at a time; ClientQuotaManager keeps a throttled channel muted): once a
+        # request is given a throttle, later requests are held, neither charged nor forwarded,
+        # until its response is sent and the mute after it ends. _throttled_unsent counts the
+        # throttled requests whose response is not sent yet.
+        self._throttle_hold = False
+        self._throttled_unsent = 0
         self._acks0: deque[int] = deque(maxlen=256)  # correlation ids of recent acks=0 Produces
         self._unmute: asyncio.TimerHandle | None = None
         self.gate: ReadGate | None = None
@@ -289,8 +299,9 @@ class ClientConnection(asyncio.Protocol):
             frames = self._reader.feed(data)
         except FrameError as exc:
             frames, bad_frame = exc.frames, exc
-        if self._deferred is not None:
-            # A deferred request is being decided: later frames wait their turn.
+        if self._deferred is not None or self._throttle_hold:
+            # A deferred request is being decided, or a throttle holds the connection: later
+            # frames wait their turn.
             self._held.extend(bytes(f) for f in frames)
             if bad_frame is not None:
                 self._held_error = bad_frame
@@ -307,7 +318,7 @@ class ClientConnection(asyncio.Protocol):
         up = self.upstream
         field = self._client_id_field
         self._hot_head = _request_head(len(field)) if (
-            field is not None and self._reader.idle and self._deferred is None
+            field is not None and self._reader.idle and self._deferred is None and not self._throttle_hold
             and not self._raw_sasl_frames and up is not None and up.transport is not None
             and not self._closed
         ) else None
@@ -317,7 +328,7 @@ class ClientConnection(asyncio.Protocol):
         for i, frame in enumerate(frames):
             if self._closed:
                 return
-            if self._deferred is not None:
+            if self._deferred is not None or self._throttle_hold:
                 self._held.extend(bytes(f) for f in frames[i:])
                 self._held_error = bad_frame
                 break
@@ -328,7 +339,7 @@ class ClientConnection(asyncio.Protocol):
                 return
         if out:
             self._send_upstream(out)
-        if bad_frame is not None and self._deferred is None:
+        if bad_frame is not None and self._deferred is None and not self._throttle_hold:
             self._reject("bad_frame", str(bad_frame), drain=True)
 
     def _on_request(self, frame, out: list) -> None:
@@ -393,6 +404,8 @@ class ClientConnection(asyncio.Protocol):
         elif isinstance(decision, Answer):
             self._pending.append(entry)
             self.stats.local_responses[header.api_key] += 1
+            if entry.throttle_ms:
+                self._hold_for_throttle(entry)
             self._complete(entry, decision.frame)
         elif isinstance(decision, Close):
             self._reject("filter_close", decision.reason)
@@ -406,11 +419,14 @@ class ClientConnection(asyncio.Protocol):
             # a throttle can only be enforced by muting (KIP-219).
             self._acks0.append(header.correlation_id)
             if entry.throttle_ms:
+                self._hold_for_throttle(None)
                 self.mute(entry.throttle_ms)
             if self.usage is not None:
                 self._count_usage(entry, 0)
         else:
-            if entry.on_response is None and not entry.throttle_ms:
+            if entry.throttle_ms:
+                self._hold_for_throttle(entry)
+            elif entry.on_response is None:
                 self._route(entry)
             self._pending.append(entry)
             self._awaiting_upstream.append(entry)
@@ -445,12 +461,40 @@ class ClientConnection(asyncio.Protocol):
             return
         if out:
             self._send_upstream(out)
-        held, self._held = self._held, []
-        error, self._held_error = self._held_error, None
         if self._deferred is None:
             self.gate.resume("deferred")
+        self._process_held()
+
+    def _process_held(self) -> None:
+        """Processes the frames held while a request was deferred or throttled, unless one of
+        these holds again (then they stay held)."""
+        if self._deferred is not None or self._throttle_hold or self._closed:
+            return
+        held, self._held = self._held, []
+        error, self._held_error = self._held_error, None
         self._process(held, error)
         self._arm()
+
+    def _hold_for_throttle(self, entry: InFlight | None) -> None:
+        """``entry``'s request was given a throttle (None: an acks=0 Produce, muted at once):
+        from now on the connection's requests are held and it is not read (Kafka's Processor
+        does not read a channel with a request in progress, and a throttled one stays muted),
+        until the response is sent and the mute after it ends (_end_mute)."""
+        if entry is not None:
+            entry.holds = True
+            self._throttled_unsent += 1
+        self._throttle_hold = True
+        self._hot_head = None
+        self.gate.pause("throttled")
+
+    def _release_throttle_hold(self) -> None:
+        """The mute ended: unless a throttled response is still to be sent, the held requests
+        are processed, each charged now (as Kafka charges a request when it reads it)."""
+        if not self._throttle_hold or self._throttled_unsent or self._closed:
+            return
+        self._throttle_hold = False
+        self.gate.resume("throttled")
+        self._process_held()
 
     def _forward_raw_sasl(self, frame, out: list) -> None:
         session = self.session
@@ -483,7 +527,9 @@ class ClientConnection(asyncio.Protocol):
 
     def _end_mute(self) -> None:
         self._unmute = None
+        self._muted_until = 0.0
         self.gate.resume("mute")
+        self._release_throttle_hold()
 
     def _on_raw_sasl_response(self, frame) -> None:
         # SaslHandshake v0 has no error field for the tokens: a broker that rejects closes.
@@ -662,6 +708,8 @@ class ClientConnection(asyncio.Protocol):
             data = done.response
             done.response = None
             size = len(data)
+            if done.holds:
+                self._throttled_unsent -= 1
             if transport is not None and not self._closed:
                 _write(transport, (_INT32.pack(size), data))
                 if done.throttle_ms:
