@@ -33,24 +33,33 @@ class FrameReader:
     zero-copy ``memoryview`` slices of that chunk, valid until the caller drops it.
     """
 
-    __slots__ = ("max_frame_bytes", "idle", "frames_started", "_parts", "_need", "_size_prefix")
+    __slots__ = ("max_frame_bytes", "idle", "frames_started", "_parts", "_have", "_need", "_size_prefix")
 
     def __init__(self, max_frame_bytes: int) -> None:
         self.max_frame_bytes = max_frame_bytes
         self._parts: list[bytes] | None = None  # the arrived bytes of a frame still arriving
+        self._have = 0  # how many bytes they are
         self._need = 0  # bytes still missing from it
         self._size_prefix = b""  # a size prefix split across chunks
         self.idle = True  # nothing buffered: the next chunk starts with a size prefix
-        # Frames that did not arrive whole in one chunk, counted when they start: tells a
-        # frame that stays unfinished from a stream of frames each finished in time.
+        # Frames that did not arrive whole in one chunk (size prefix included), counted when
+        # they start: tells a frame that stays unfinished from frames each finished in time.
         self.frames_started = 0
 
     @property
     def buffered_bytes(self) -> int:
         """Bytes held for an incomplete frame, its size prefix included (0 between frames)."""
         if self._parts is not None:
-            return sum(map(len, self._parts)) + 4
+            return self._have + 4
         return len(self._size_prefix)
+
+    @property
+    def missing_bytes(self) -> int:
+        """Bytes still to come before the frame being read is complete (0 between frames; the
+        body of a frame whose size prefix is cut counts as unknown, 1)."""
+        if self._parts is not None:
+            return self._need
+        return 4 - len(self._size_prefix) + 1 if self._size_prefix else 0
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[memoryview | bytes]:
         """Consumes ``data``; returns the frames it completed, in order.
@@ -82,6 +91,7 @@ class FrameReader:
             # chunk is the next frame's, and a slice would keep all of it alive).
             self._parts.append(view.obj if take == end and type(view.obj) is bytes else bytes(view[:take]))
             self._need -= take
+            self._have += take
             pos = take
             if self._need:
                 return
@@ -100,10 +110,11 @@ class FrameReader:
                 frames.append(view[pos : pos + size])
                 pos += size
             else:
-                pos = self._start_partial(view, pos, end, size)
+                pos = self._start_partial(view, pos, end, size, started=True)
         while pos < end:
             if end - pos < 4:
                 self._size_prefix = bytes(view[pos:end])
+                self.frames_started += 1
                 break
             size = self._check(_INT32.unpack_from(view, pos)[0])
             pos += 4
@@ -120,10 +131,13 @@ class FrameReader:
             raise FrameError(f"frame size {size} exceeds max_frame_bytes {self.max_frame_bytes}")
         return size
 
-    def _start_partial(self, view: memoryview, pos: int, end: int, size: int) -> int:
+    def _start_partial(self, view: memoryview, pos: int, end: int, size: int, started: bool = False) -> int:
+        """Keeps the start of a frame; ``started``: it was counted when its size prefix began."""
         self._parts = [bytes(view[pos:end])]
-        self._need = size - (end - pos)
-        self.frames_started += 1
+        self._have = end - pos
+        self._need = size - self._have
+        if not started:
+            self.frames_started += 1
         return end
 
 

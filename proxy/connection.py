@@ -29,6 +29,7 @@ from protocol.scan import ScanError
 
 from .filters.base import UNFILTERED, UNROUTED, Answer, Close, Defer, Forward, Hold, StreamRoute
 from .flow import ReadGate
+from .guard import proxy_paused
 from .principal import ANONYMOUS, SaslError, principal_from_client_token, scram_exchange_complete
 from .stats import SLOT_KEYS, SLOT_VERSIONS
 
@@ -177,6 +178,7 @@ class ClientConnection(asyncio.Protocol):
         "_raw_sasl_frames", "_close_when_drained", "gate", "_connect_task", "_muted_until", "_unmute",
         "_deferred", "_held", "_held_error", "_acks0", "_uplift", "_requests", "_holding", "usage",
         "_client_id_field", "_hot_head", "_through", "_throttle_hold", "_throttled_unsent",
+        "_ip", "_active", "_idle_since", "_partial_since", "_partial_token", "_pool_bytes",
     )
 
     def __init__(self, server: ProxyServer, node_id: int | None) -> None:
@@ -228,20 +230,49 @@ class ClientConnection(asyncio.Protocol):
         # Bytes of a hot-path request longer than the chunk it started in that are still to
         # come: they go to the broker as they arrive, never assembled into a frame.
         self._through = 0
+        # For the connection guard (proxy.guard): the client's IP, whether bytes came since
+        # the last sweep and since when none did, the unfinished frame the sweep last saw and
+        # since when, the bytes this connection holds in the memory pool.
+        self._ip = ""
+        self._active = False
+        self._idle_since = 0.0
+        self._partial_since = 0.0
+        self._partial_token = None
+        self._pool_bytes = 0
 
     # -- client side ------------------------------------------------------------------------
 
     def connection_made(self, transport) -> None:
         self.transport = transport
-        _tune(transport)
         peer = transport.get_extra_info("peername")
+        self._ip = peer[0] if peer else ""
         self.label = f"{peer[0]}:{peer[1]}" if peer else "client"
+        admission = self.server.guard.admit(self._ip)
+        loop = asyncio.get_running_loop()
+        if not admission.accepted:
+            # Never served: no broker connection, not counted open; an IP over its creation
+            # rate is closed after the throttle (ConnectionQuotas, Acceptor's DelayedCloseSocket).
+            self._closed = True
+            transport.pause_reading()
+            if admission.delay_ms:
+                loop.call_later(admission.delay_ms / 1000, transport.close)
+            else:
+                transport.close()
+            return
+        _tune(transport)
         self.gate = ReadGate(transport, self.stats)
         self.stats.open_connections += 1
         self.server.connections.add(self)
-        self._connect_task = asyncio.get_running_loop().create_task(self._connect_upstream())
+        self._idle_since = time.monotonic()
+        if admission.delay_ms:
+            # max_connection_creation_rate: accepted later, as Kafka's Acceptor waits.
+            self.gate.pause("accept")
+            self._unmute = loop.call_later(admission.delay_ms / 1000, self.gate.resume, "accept")
+        # The broker connection is opened when the first request is forwarded (_send_upstream):
+        # an idle or half-open client costs the brokers nothing.
 
     def data_received(self, data: bytes) -> None:
+        self._active = True
         n = len(data)
         through = self._through
         if through:
@@ -305,9 +336,59 @@ class ClientConnection(asyncio.Protocol):
             self._held.extend(bytes(f) for f in frames)
             if bad_frame is not None:
                 self._held_error = bad_frame
-            return
-        self._process(frames, bad_frame)
-        self._arm()
+        else:
+            self._process(frames, bad_frame)
+            self._arm()
+        self._account()
+
+    def _account(self) -> None:
+        """Tells the memory pool what this connection holds: a partial frame, held requests,
+        requests waiting for the broker connection."""
+        held = self._reader.buffered_bytes
+        if self._held:
+            held += sum(map(len, self._held))
+        if self._unsent:
+            held += sum(map(len, self._unsent))
+        if held or self._pool_bytes:
+            self._pool_bytes = held
+            if not self._closed:
+                self.server.guard.pool.update(self, held)
+
+    def bytes_to_finish(self) -> int:
+        """Bytes still to come of the frame being read (0: none is being read)."""
+        return self._reader.missing_bytes
+
+    def deadline_passed(self, now_s: float, idle_s: float, partial_s: float) -> str | None:
+        """Whether this connection has been idle (nothing read, nothing awaited) for ``idle_s``
+        or has left one frame unfinished for ``partial_s``, not counting time in which the proxy
+        itself did not read it: "idle", "partial_request" or None. Called by the guard's sweep."""
+        if self._closed:
+            return None
+        paused_by_proxy = proxy_paused(self.gate.reasons)
+        if self._active or self._pending or paused_by_proxy:
+            self._active = False
+            self._idle_since = now_s
+        elif now_s - self._idle_since >= idle_s:
+            return "idle"
+        if self._reader.idle and not self._through:
+            self._partial_token = None
+            return None
+        # The frame being read: a frame the reader started, or a hot-path request still coming.
+        token = (self._reader.frames_started, self._pending[-1] if self._through and self._pending else None)
+        if paused_by_proxy or token != self._partial_token:
+            self._partial_token = token
+            self._partial_since = now_s
+        elif now_s - self._partial_since >= partial_s:
+            return "partial_request"
+        return None
+
+    def close_for(self, reason: str) -> None:
+        """Closes this connection for a limit of the guard's (counted and logged by reason)."""
+        guard = self.server.guard
+        guard.closed[reason] += 1
+        guard.log(reason, logging.WARNING, "closing %s (client_id=%s): %s", self.label, self.session.client_id,
+                  reason.replace("_", " "))
+        self._close()
 
     def _arm(self) -> None:
         """Lets the hot path run while nothing else must see a request first: a frame reader
@@ -474,6 +555,7 @@ class ClientConnection(asyncio.Protocol):
         error, self._held_error = self._held_error, None
         self._process(held, error)
         self._arm()
+        self._account()
 
     def _hold_for_throttle(self, entry: InFlight | None) -> None:
         """``entry``'s request was given a throttle (None: an acks=0 Produce, muted at once):
@@ -502,7 +584,8 @@ class ClientConnection(asyncio.Protocol):
             try:
                 session.claimed_principal = principal_from_client_token(session.sasl_mechanism or "", bytes(frame))
             except (SaslError, UnicodeDecodeError) as exc:
-                log.warning("cannot read principal from raw SASL token on %s: %s", self.label, exc)
+                self.server.guard.log("sasl_token", logging.WARNING, "cannot read principal from raw SASL token on %s: %s",
+                                      self.label, exc, logger=log)
         entry = InFlight(-1, ApiKey.SASL_AUTHENTICATE, -1, time.monotonic())
         entry.raw = True
         self._pending.append(entry)
@@ -584,6 +667,11 @@ class ClientConnection(asyncio.Protocol):
         up = self.upstream
         if up is None or up.transport is None:
             self._unsent.extend(bytes(b) for b in out)  # the chunk's memory is not ours to keep
+            if self._connect_task is None and not self._closed:
+                # The first request to forward: now the broker connection is opened; the
+                # client is not read meanwhile, so what waits for it stays small.
+                self.gate.pause("connecting")
+                self._connect_task = asyncio.get_running_loop().create_task(self._connect_upstream())
             return
         _write(up.transport, out)
 
@@ -597,7 +685,8 @@ class ClientConnection(asyncio.Protocol):
 
     def connection_lost(self, exc) -> None:
         if self._pending and not self._closed:
-            log.info("client %s disconnected with %d requests in flight", self.label, len(self._pending))
+            self.server.guard.log("client_gone", logging.INFO, "client %s disconnected with %d requests in flight",
+                                  self.label, len(self._pending), logger=log)
         self._teardown()
 
     # -- upstream side ----------------------------------------------------------------------
@@ -614,9 +703,9 @@ class ClientConnection(asyncio.Protocol):
                 )
             except (OSError, asyncio.TimeoutError) as exc:
                 self.stats.upstream_connect_failures += 1
-                log.warning(
-                    "cannot reach broker %s:%s for %s (attempt %d/%d): %s",
-                    *address, self.label, attempt + 1, cfg.connect_attempts, exc or "timeout",
+                self.server.guard.log(
+                    "broker_unreachable", logging.WARNING, "cannot reach broker %s:%s for %s (attempt %d/%d): %s",
+                    *address, self.label, attempt + 1, cfg.connect_attempts, exc or "timeout", logger=log,
                 )
                 if self._closed:
                     return
@@ -629,9 +718,12 @@ class ClientConnection(asyncio.Protocol):
             if self._unsent:
                 protocol.transport.writelines(self._unsent)
                 self._unsent = []
+            self.gate.resume("connecting")
             self._arm()
+            self._account()
             return
-        log.error("giving up on %s: no broker reachable after %d attempts", self.label, cfg.connect_attempts)
+        self.server.guard.log("broker_unreachable_final", logging.ERROR, "giving up on %s: no broker reachable after %d "
+                              "attempts", self.label, cfg.connect_attempts, logger=log)
         self._close()
 
     def on_upstream_frame(self, frame) -> None:
@@ -763,9 +855,9 @@ class ClientConnection(asyncio.Protocol):
         if self._closed:
             return
         if self._pending:
-            log.warning(
-                "broker closed the connection of %s with %d requests in flight%s",
-                self.label, len(self._pending), f": {exc}" if exc else "",
+            self.server.guard.log(
+                "broker_closed", logging.WARNING, "broker closed the connection of %s with %d requests in flight%s",
+                self.label, len(self._pending), f": {exc}" if exc else "", logger=log,
             )
         self._close()
 
@@ -774,7 +866,8 @@ class ClientConnection(asyncio.Protocol):
     def _reject(self, reason: str, detail: str, drain: bool = False) -> None:
         """Closes this connection; with ``drain``, only after the responses owed are sent."""
         self.stats.frames_rejected[reason] += 1
-        log.warning("closing %s (client_id=%s): %s", self.label, self.session.client_id, detail)
+        self.server.guard.log(reason, logging.WARNING, "closing %s (client_id=%s): %s", self.label,
+                              self.session.client_id, detail, logger=log)
         if drain and self._pending:
             self._close_when_drained = True
             self.gate.pause("closing")
@@ -794,6 +887,9 @@ class ClientConnection(asyncio.Protocol):
         self._closed = True
         self._arm()
         self.stats.open_connections -= 1
+        self.server.guard.release(self._ip)
+        if self._pool_bytes:
+            self.server.guard.pool.release(self)
         if self._unmute is not None:
             self._unmute.cancel()
         if self.gate is not None:

@@ -19,6 +19,11 @@ class ReadGate:
     def paused(self) -> bool:
         return bool(self._reasons)
 
+    @property
+    def reasons(self) -> frozenset[str]:
+        """Why reading is paused now (empty: it is not)."""
+        return frozenset(self._reasons)
+
     def pause(self, reason: str) -> None:
         if reason in self._reasons:
             return

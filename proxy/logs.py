@@ -33,3 +33,39 @@ def configure(level: str, fmt: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+
+
+class LogLimiter:
+    """A log line a client can trigger, at most ``lines`` times per ``interval_s``.
+
+    Guarantees: however fast the events come, no more than ``lines`` lines go out per interval;
+    the lines held back are counted, and the next line that goes out says how many there were.
+    """
+
+    __slots__ = ("_logger", "_lines", "_interval_s", "_clock", "_window_end", "_sent", "_held_back")
+
+    def __init__(self, logger: logging.Logger, lines: int = 10, interval_s: float = 10.0, clock=time.monotonic) -> None:
+        self._logger = logger
+        self._lines = lines
+        self._interval_s = interval_s
+        self._clock = clock
+        self._window_end = float("-inf")
+        self._sent = 0
+        self._held_back = 0
+
+    def log(self, level: int, msg: str, *args, exc_info=None) -> bool:
+        """Logs ``msg % args`` unless the interval's lines are spent; True if it went out."""
+        now = self._clock()
+        if now >= self._window_end:
+            self._window_end = now + self._interval_s
+            self._sent = 0
+        if self._sent >= self._lines:
+            self._held_back += 1
+            return False
+        self._sent += 1
+        held_back, self._held_back = self._held_back, 0
+        if held_back:
+            msg += " (%d more like this not logged)"
+            args = (*args, held_back)
+        self._logger.log(level, msg, *args, exc_info=exc_info)
+        return True

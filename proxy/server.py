@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import time
 from dataclasses import replace
 
 from prometheus_client import CollectorRegistry
@@ -32,6 +33,7 @@ from .filters.limiters import RateLimiterFilter
 from .filters.producer_ids import ProducerIdQuotaFilter
 from .filters.quotas import RateQuotaFilter, now_ms
 from .filters.usage import UsageFilter
+from .guard import ConnectionGuard, GuardCollector
 from .topics import TopicCache
 from .quota_metrics import ProducerIdCollector, QuotaCollector
 from .stats import ProxyStats, StatsCollector
@@ -120,6 +122,8 @@ class ProxyServer:
                                    LeaderHintFilter(self.leaders, self.refresher, ld.fill_hints,
                                                     ld.hint_wait_ms / 1000), usage_filter)
         self.connections: set[ClientConnection] = set()
+        self.guard = ConnectionGuard(config.connections, config.quota_windows)
+        self.registry.register(GuardCollector(self.guard))
         self._servers: list[asyncio.AbstractServer] = []
         self._tasks: set[asyncio.Task] = set()
         self.bootstrap_address: tuple[str, int] | None = None
@@ -158,6 +162,7 @@ class ProxyServer:
             log.warning("no bootstrap server answered yet; brokers will be learned when one does")
         self._spawn(self._refresh_periodically(up.metadata_refresh_interval_s, up.connect_timeout_s))
         self._spawn(self._expire_quota_entities())
+        self._spawn(self._sweep_connections())
         self._spawn(self._clean_producer_ids())
         if self.usage is not None:
             self.usage.start()
@@ -170,6 +175,17 @@ class ProxyServer:
             self.quotas.expire(now_ms())
             if self.producer_id_observer is not None:
                 self.producer_id_observer.cleanup(now_ms())
+
+    async def _sweep_connections(self) -> None:
+        """Closes idle connections and unfinished frames past their deadlines (see
+        ConnectionGuard.sweep), a slice of connections at a time so the loop never stalls."""
+        interval_s = self.guard.sweep_interval_s
+        while True:
+            await asyncio.sleep(interval_s)
+            connections = list(self.connections)
+            for i in range(0, len(connections), 512):
+                self.guard.sweep(connections[i : i + 512], time.monotonic())
+                await asyncio.sleep(0)
 
     async def _refresh_periodically(self, interval_s: float, timeout_s: float) -> None:
         """The proxy's own metadata refresh: the brokers and the leaders of every topic clients

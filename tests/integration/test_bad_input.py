@@ -122,6 +122,10 @@ def test_unreachable_upstream_is_reported_and_retried(caplog):
         dead = "127.0.0.1:%d" % s.getsockname()[1]  # bound, never listening: refused
     with caplog.at_level(logging.WARNING), InProcessProxy([dead], upstream={"connect_attempts": 2}) as proxy:
         with socket.create_connection(proxy.address) as c:
+            # The broker connection is opened for the first request, not on accept.
+            time.sleep(0.2)
+            assert proxy.metric("kqp_upstream_connect_failures_total") == 0
+            c.sendall(request_bytes(__import__("kafka").protocol.metadata.ApiVersionsRequest[0](), 1))
             assert is_closed(c, timeout_s=10)
         assert proxy.metric("kqp_upstream_connect_failures_total") >= 2
         assert any("cannot reach broker" in r.getMessage() for r in caplog.records)

@@ -78,7 +78,7 @@ class Pair:
         self.conn = ClientConnection(self.server, None)
         self.client = Wire()
         self.conn.connection_made(self.client)
-        self.conn._connect_task.cancel()
+        assert self.conn._connect_task is None  # opened with the first request forwarded
         self.up = UpstreamConnection(self.conn)
         self.broker = Wire()
         self.up.connection_made(self.broker)

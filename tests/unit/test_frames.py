@@ -257,3 +257,14 @@ def test_a_long_frame_holds_only_what_arrived_and_counts_as_one_started_frame():
         assert reader.buffered_bytes == (0 if got else min(i + 1000, len(data)))
     assert [bytes(f) for f in got] == [payload]
     assert reader.frames_started == 1 and reader.idle
+
+
+def test_a_frame_is_started_once_whether_or_not_its_size_prefix_was_cut():
+    reader = FrameReader(MAX)
+    data = frame(b"y" * 100)
+    reader.feed(data[:2])
+    assert reader.frames_started == 1 and reader.missing_bytes > 0
+    reader.feed(data[2:50])
+    assert reader.frames_started == 1 and reader.missing_bytes == len(data) - 50
+    reader.feed(data[50:])
+    assert reader.frames_started == 1 and reader.missing_bytes == 0 and reader.idle

@@ -1,0 +1,205 @@
+"""The connection guard in process: the memory pool, deadlines, admission, lazy broker
+connections and rate-limited log lines. Clients are played by the test (see
+test_connection_paths); the sweep is called with chosen instants."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+
+from config import parse_config
+from proxy.connection import ClientConnection
+from proxy.guard import MemoryPool
+from proxy.logs import LogLimiter
+from proxy.server import ProxyServer
+
+from .test_connection_paths import BASE, Pair, Wire, list_offsets
+
+
+class Holder:
+    """A connection as the memory pool sees it."""
+
+    def __init__(self, to_finish: int) -> None:
+        self.to_finish = to_finish
+        self.reasons: set[str] = set()
+        self.gate = self
+
+    def pause(self, reason: str) -> None:
+        self.reasons.add(reason)
+
+    def resume(self, reason: str) -> None:
+        self.reasons.discard(reason)
+
+    def bytes_to_finish(self) -> int:
+        return self.to_finish
+
+
+def test_memory_pool_pauses_every_holder_but_the_nearest_to_finishing_then_resumes():
+    pool = MemoryPool(1000)
+    big, small, near = Holder(10_000), Holder(5_000), Holder(10)
+    pool.update(big, 600)
+    pool.update(small, 300)
+    assert not big.reasons and not small.reasons  # within the budget
+    pool.update(near, 200)  # 1,100 > 1,000
+    assert big.reasons == {"memory"} and small.reasons == {"memory"} and not near.reasons
+    assert pool.paused == {big, small} and pool.pauses_total == 2
+    pool.update(near, 0)  # its frame finished and went on: 900 held, within the budget
+    assert not big.reasons and not small.reasons and not pool.paused
+    assert pool.held_bytes == 900
+
+
+def test_memory_pool_lets_another_read_when_the_one_reading_closes():
+    pool = MemoryPool(100)
+    a, b = Holder(50), Holder(60)
+    pool.update(a, 80)
+    pool.update(b, 80)
+    assert b.reasons == {"memory"} and not a.reasons
+    pool.release(a)  # closed (say, by the partial-request timeout): b is alone and under budget
+    assert not b.reasons and pool.held_bytes == 80
+
+
+def test_memory_pool_never_keeps_a_holder_of_nothing_paused():
+    pool = MemoryPool(100)
+    a, b, c = Holder(1), Holder(500), Holder(600)
+    pool.update(b, 90)
+    pool.update(c, 90)
+    pool.update(a, 10)
+    assert b.reasons and c.reasons
+    pool.update(b, 0)  # b's bytes went elsewhere; still over the budget (100)
+    assert not b.reasons and b not in pool.paused
+
+
+def test_log_limiter_lets_a_few_lines_through_per_interval_and_counts_the_rest(caplog):
+    now = [0.0]
+    limiter = LogLimiter(logging.getLogger("test.limiter"), lines=3, interval_s=10, clock=lambda: now[0])
+    with caplog.at_level(logging.WARNING, logger="test.limiter"):
+        sent = [limiter.log(logging.WARNING, "closing %d", i) for i in range(1000)]
+        now[0] = 10.0
+        limiter.log(logging.WARNING, "closing %d", 1000)
+    assert sent.count(True) == 3
+    assert [r.getMessage() for r in caplog.records] == [
+        "closing 0", "closing 1", "closing 2", "closing 1000 (997 more like this not logged)"]
+
+
+def test_an_announced_size_costs_the_pool_only_the_bytes_sent():
+    async def go():
+        pair = Pair()
+        pair.conn.data_received(struct.pack(">i", 100_000_000) + b"x")
+        assert pair.server.guard.pool.held_bytes == 5
+        pair.conn._teardown()
+        assert pair.server.guard.pool.held_bytes == 0
+
+    asyncio.run(go())
+
+
+def test_the_broker_connection_is_opened_by_the_first_request_not_by_the_accept():
+    async def go():
+        server = ProxyServer(parse_config(BASE))
+        conn = ClientConnection(server, None)
+        client = Wire()
+        conn.connection_made(client)
+        assert conn._connect_task is None and conn.upstream is None
+        conn.data_received(list_offsets(1, "app")[:7])  # a partial request opens nothing either
+        assert conn._connect_task is None
+        conn.data_received(list_offsets(1, "app")[7:])
+        assert conn._connect_task is not None and client.paused  # not read while it connects
+        assert server.guard.pool.held_bytes == len(list_offsets(1, "app"))  # waiting for it
+        conn._teardown()
+
+    asyncio.run(go())
+
+
+def _sweep(pair: Pair, now_s: float, idle_s: float = 10.0, partial_s: float = 3.0):
+    return pair.conn.deadline_passed(now_s, idle_s, partial_s)
+
+
+def test_an_idle_connection_passes_its_deadline_only_with_nothing_read_or_awaited():
+    async def go():
+        pair = Pair()
+        start = pair.conn._idle_since
+        assert _sweep(pair, start + 9) is None
+        assert _sweep(pair, start + 10) == "idle"
+        pair.conn.data_received(list_offsets(1, "app"))  # read, and now awaited
+        assert _sweep(pair, start + 11) is None
+        assert _sweep(pair, start + 30) is None  # the broker has not answered: not idle
+        pair.up.data_received(struct.pack(">ii", 8, 1) + b"\0\0\0\0")
+        assert _sweep(pair, start + 31) is None  # idle since the sweep that last saw it awaited
+        assert _sweep(pair, start + 39) is None
+        assert _sweep(pair, start + 40) == "idle"
+        pair.conn._teardown()
+
+    asyncio.run(go())
+
+
+def test_a_frame_left_unfinished_passes_its_deadline_a_stream_of_finished_frames_does_not():
+    async def go():
+        pair = Pair()
+        request = list_offsets(1, "app")
+        t = pair.conn._idle_since
+        pair.conn.data_received(request[:3])  # slowloris: part of a size prefix
+        assert _sweep(pair, t) is None
+        pair.conn.data_received(request[3:4])  # bytes keep coming, the frame does not finish
+        assert _sweep(pair, t + 2) is None
+        assert _sweep(pair, t + 3) == "partial_request"
+        # A client whose frames each finish is never cut, though one is unfinished at each sweep.
+        busy = Pair()
+        t = busy.conn._idle_since
+        for i in range(10):
+            busy.conn.data_received(request[4:] if i else request[:4])
+            busy.conn.data_received(request[:4])
+            assert _sweep(busy, t + 2 * i) is None
+        pair.conn._teardown()
+        busy.conn._teardown()
+
+    asyncio.run(go())
+
+
+def test_time_the_proxy_itself_does_not_read_a_client_does_not_count():
+    async def go():
+        pair = Pair()
+        t = pair.conn._idle_since
+        pair.conn.data_received(list_offsets(1, "app")[:5])
+        pair.conn.mute(60_000)
+        assert _sweep(pair, t + 100) is None  # muted: neither idle nor late
+        pair.conn._unmute.cancel()
+        pair.conn._end_mute()
+        assert _sweep(pair, t + 101) is None
+        assert _sweep(pair, t + 104) == "partial_request"
+        pair.conn._teardown()
+
+    asyncio.run(go())
+
+
+def test_connections_over_the_per_ip_limit_are_refused_and_counted():
+    async def go():
+        server = ProxyServer(parse_config({**BASE, "connections": {"max_connections_per_ip": 2}}))
+        conns = [ClientConnection(server, None) for _ in range(3)]
+        wires = [Wire() for _ in conns]
+        for conn, wire in zip(conns, wires):
+            conn.connection_made(wire)
+        assert [w.closed for w in wires] == [False, False, True]
+        assert server.guard.closed["max_connections_per_ip"] == 1
+        assert len(server.connections) == 2 and server.stats.open_connections == 2
+        conns[0]._teardown()  # a slot is free again
+        late = ClientConnection(server, None)
+        late.connection_made(Wire())
+        assert late in server.connections
+        for conn in (conns[1], late):
+            conn._teardown()
+        assert server.guard.quotas.open_total == 0
+
+    asyncio.run(go())
+
+
+def test_close_for_counts_and_logs_each_reason_a_few_times_only(caplog):
+    async def go():
+        server = ProxyServer(parse_config(BASE))
+        for _ in range(50):
+            pair = Pair(server=server)
+            pair.conn.close_for("idle")
+        assert server.guard.closed["idle"] == 50
+
+    with caplog.at_level(logging.WARNING, logger="proxy.guard"):
+        asyncio.run(go())
+    assert len([r for r in caplog.records if "idle" in r.getMessage()]) == 10
