@@ -6,19 +6,24 @@ from struct import Struct
 
 from kafka.protocol.consumer import FetchResponse
 
-from .messages import encode_body
+from .messages import encode_body, versioned
+from .scan import need_bytes
 
 _TWO_INT32 = Struct(">ii")
 
 
 def fetch_session(frame, body_offset: int, api_version: int) -> tuple[int, int] | None:
-    """(session_id, session_epoch) of a FetchRequest v7+ (KIP-227), None before v7."""
+    """(session_id, session_epoch) of a FetchRequest v7+ (KIP-227), None before v7.
+
+    Raises :class:`~protocol.scan.ScanError` when the body ends before them.
+    """
     if api_version < 7:
         return None
     pos = body_offset
     if api_version < 15:
         pos += 4  # replica_id, moved into a tagged ReplicaState in v15
     pos += 4 + 4 + 4 + 1  # max_wait_ms, min_bytes, max_bytes, isolation_level
+    need_bytes(frame, pos, 8, f"FetchRequest v{api_version} session")
     return _TWO_INT32.unpack_from(frame, pos)
 
 
@@ -27,10 +32,12 @@ _INT32 = Struct(">i")
 
 def cap_fetch_bytes(frame, body_offset: int, api_version: int, cap_bytes: int):
     """The FetchRequest frame with max_bytes (v3+) and min_bytes lowered to ``cap_bytes``;
-    ``frame`` itself when both are already within it."""
+    ``frame`` itself when both are already within it. Raises
+    :class:`~protocol.scan.ScanError` when the body ends before them."""
     pos = body_offset + (4 if api_version < 15 else 0) + 4  # replica_id, max_wait_ms
-    (min_bytes,) = _INT32.unpack_from(frame, pos)
     max_pos = pos + 4 if api_version >= 3 else None
+    need_bytes(frame, pos, 8 if max_pos is not None else 4, f"FetchRequest v{api_version} min/max bytes")
+    (min_bytes,) = _INT32.unpack_from(frame, pos)
     max_bytes = _INT32.unpack_from(frame, max_pos)[0] if max_pos is not None else None
     if min_bytes <= cap_bytes and (max_bytes is None or max_bytes <= cap_bytes):
         return frame
@@ -46,10 +53,11 @@ def throttled_fetch_body(api_version: int, throttle_ms: int, session: tuple[int,
 
     Follows Kafka's FetchContext.getThrottledResponse: an incremental fetch (epoch > 0) keeps
     its session id, a full fetch gets INVALID_SESSION_ID (0), so either kind of session stays
-    consistent with what the client will send next.
+    consistent with what the client will send next. Raises
+    :class:`~protocol.messages.UnknownVersionError` for a version kafka-python cannot write.
     """
     session_id = session[0] if session is not None and session[1] > 0 else 0
-    resp = FetchResponse[api_version](
+    resp = versioned(FetchResponse, api_version)(
         throttle_time_ms=throttle_ms, error_code=0, session_id=session_id, responses=[], node_endpoints=[]
     )
     return encode_body(resp)

@@ -6,14 +6,15 @@ from struct import Struct
 from typing import NamedTuple
 
 from .apis import FIRST_FLEXIBLE_VERSION, ApiKey
+from .errors import ProtocolError
 
 _HEADER_PREFIX = Struct(">hhi")  # api_key, api_version, correlation_id
 _INT16 = Struct(">h")
 _INT32 = Struct(">i")
 
 
-class HeaderError(ValueError):
-    """A request header that cannot be parsed."""
+class HeaderError(ProtocolError):
+    """A request or response header (or a varint) that cannot be parsed."""
 
 
 class RequestHeader(NamedTuple):
@@ -113,7 +114,12 @@ def parse_request_header(frame) -> RequestHeader:
 
 
 def response_body_offset(frame, api_key: int, api_version: int) -> int:
-    """Offset of the body in a response frame (after correlation id and any tagged fields)."""
+    """Offset of the body in a response frame (after correlation id and any tagged fields).
+
+    Raises :class:`HeaderError` for a header that runs past the frame.
+    """
+    if len(frame) < 4:
+        raise HeaderError(f"response frame of {len(frame)} bytes has no correlation id")
     if response_header_is_flexible(api_key, api_version):
         return skip_tagged_fields(frame, 4)
     return 4

@@ -7,12 +7,28 @@ from struct import Struct
 from kafka.protocol.api_message import ApiMessage
 
 from .apis import SPECS, ApiKey
+from .errors import ProtocolError
 
 _INT16 = Struct(">h")
 
 
-class DecodeError(ValueError):
+class DecodeError(ProtocolError):
     """A message body the proxy needed to read could not be decoded."""
+
+
+class UnknownVersionError(DecodeError):
+    """A request or response at a version kafka-python has no schema for: the proxy can neither
+    read nor answer it (ApiVersions never offers such a version, so only a client that ignores
+    it sends one; Kafka closes such a connection too)."""
+
+
+def versioned(cls, version: int):
+    """``cls``, a kafka-python message class, at ``version``; :class:`UnknownVersionError`
+    outside the versions it has a schema for."""
+    if not cls.min_version <= version <= cls.max_version:
+        known = f"v{cls.min_version} to v{cls.max_version}"
+        raise UnknownVersionError(f"{cls.__name__} v{version}: the proxy knows {known}")
+    return cls[version]
 
 
 def decode_request(api_key: int, api_version: int, body) -> ApiMessage:
@@ -29,7 +45,10 @@ def decode_response(api_key: int, api_version: int, body) -> ApiMessage:
 
 
 def _decode(cls, version: int, body) -> ApiMessage:
-    """Decodes a whole body; every byte must belong to the message."""
+    """Decodes a whole body. Guarantees: every byte belongs to the message, and no field its
+    schema says is not nullable is null (kafka-python reads a -1 length as None anywhere;
+    Kafka's generated readers refuse it: "non-nullable field ... was serialized as null")."""
+    versioned(cls, version)
     view = memoryview(body)
     try:
         flexible = cls.flexible_version_q(version)
@@ -41,7 +60,57 @@ def _decode(cls, version: int, body) -> ApiMessage:
         raise DecodeError(f"cannot decode {cls.__name__} v{version}: {exc!r}") from exc
     if end != len(view):
         raise DecodeError(f"{cls.__name__} v{version}: {len(view) - end} bytes after the message")
+    null = _null_field(message, _nulls_plan(cls, version))
+    if null is not None:
+        raise DecodeError(f"{cls.__name__} v{version}: non-nullable field {null} is null")
     return message
+
+
+# (field name, may be null, is an array, plan of its struct or None) for each field of a version
+# that may be null on the wire and matters: strings, bytes, records, arrays, and structs holding
+# one. Fixed-width fields never are (a zero uuid or an all-ones bitfield reads as None, but is a
+# value). Built once per class and version.
+_NullsPlan = tuple[tuple[str, bool, bool, "_NullsPlan | None"], ...]
+_FIXED_WIDTH = frozenset({"int8", "int16", "uint16", "int32", "int64", "float64", "bool", "uuid", "bitfield"})
+_plans: dict[tuple[type, int], _NullsPlan] = {}
+
+
+def _nulls_plan(cls, version: int) -> _NullsPlan:
+    plan = _plans.get((cls, version))
+    if plan is None:
+        plan = _plans[(cls, version)] = _plan(cls.fields.values(), version)
+    return plan
+
+
+def _plan(fields, version: int) -> _NullsPlan:
+    plan = []
+    for f in fields:
+        if not f.for_version_q(version):
+            continue
+        if f.type_str in _FIXED_WIDTH and not f.is_array():
+            continue
+        inner = _plan(f.fields.values(), version) if f.is_struct() or f.is_struct_array() else None
+        # A tagged field left out is its default (often None), and kafka-python reads a struct
+        # that is not nullable whole: for these only what they hold is checked.
+        nullable = f.tagged_field_q(version) or f.nullable_for_version_q(version) or f.is_struct()
+        if inner or not nullable:
+            plan.append((f.name, nullable, f.is_array(), inner or None))
+    return tuple(plan)
+
+
+def _null_field(message, plan: _NullsPlan) -> str | None:
+    """The path of the first field ``plan`` says may not be null and is, or None."""
+    for name, nullable, many, inner in plan:
+        value = getattr(message, name)
+        if value is None:
+            if not nullable:
+                return name
+        elif inner is not None:
+            for item in value if many else (value,):
+                null = _null_field(item, inner)
+                if null is not None:
+                    return f"{name}.{null}"
+    return None
 
 
 def encode_body(message: ApiMessage) -> bytes:

@@ -8,22 +8,32 @@ from struct import Struct
 
 from .apis import FIRST_FLEXIBLE_VERSION, SPECS, ApiKey
 from .headers import encode_response_header, read_uvarint
-from .messages import encode_body
+from .messages import encode_body, versioned
+from .scan import ScanError, need_bytes
 
 _INT16 = Struct(">h")
 _FIRST_FLEXIBLE = FIRST_FLEXIBLE_VERSION[ApiKey.PRODUCE]
 
 
 def produce_acks(frame, body_offset: int, api_version: int) -> int:
-    """The ``acks`` field of a ProduceRequest whose body starts at ``body_offset``."""
+    """The ``acks`` field of a ProduceRequest whose body starts at ``body_offset``.
+
+    Raises :class:`~protocol.scan.ScanError` (:class:`~protocol.headers.HeaderError` for a
+    varint cut short) when ``frame`` ends before acks: the connection's hot path hands this the
+    first chunk of a frame, which may end anywhere.
+    """
     pos = body_offset
     if api_version >= 3:  # transactional_id comes first
         if api_version >= _FIRST_FLEXIBLE:
             n, pos = read_uvarint(frame, pos)
             pos += max(n - 1, 0)
         else:
+            need_bytes(frame, pos, 2, "ProduceRequest transactional_id")
             (n,) = _INT16.unpack_from(frame, pos)
+            if n < -1:
+                raise ScanError(f"ProduceRequest transactional_id of length {n}")
             pos += 2 + max(n, 0)
+    need_bytes(frame, pos, 2, "ProduceRequest acks")
     return _INT16.unpack_from(frame, pos)[0]
 
 
@@ -39,8 +49,9 @@ def produce_error_response(
 
     ``topics`` as :class:`protocol.records.ProduceScan` gives them: names, or 16-byte topic ids
     from v13 on. Offsets are -1, as Kafka fills them for a partition that was not appended.
+    Raises :class:`~protocol.messages.UnknownVersionError` for a version kafka-python cannot write.
     """
-    cls = SPECS[ApiKey.PRODUCE].response[api_version]
+    cls = versioned(SPECS[ApiKey.PRODUCE].response, api_version)
     T = cls.TopicProduceResponse
     P = T.PartitionProduceResponse
     responses = []

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from struct import Struct, error as StructError
 from typing import NamedTuple
 
+from .errors import ProtocolError
 from .headers import HeaderError, read_uvarint, skip_tagged_fields
 
 _INT16 = Struct(">h")
@@ -29,7 +30,7 @@ NO_PRODUCER_ID = -1
 _CONTROL_FLAG = 0x20  # DefaultRecordBatch.CONTROL_FLAG_MASK: transaction markers, not data
 
 
-class RecordsError(ValueError):
+class RecordsError(ProtocolError):
     """A record set, or the request or response around it, that does not match its schema."""
 
 

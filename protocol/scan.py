@@ -11,13 +11,25 @@ from struct import Struct
 from struct import error as struct_error
 from typing import NamedTuple
 
+from .errors import ProtocolError
 from .headers import HeaderError, read_uvarint, skip_tagged_fields
 
 _INT16 = Struct(">h")
+# How a walk below fails on a body that ends early or lies about a length: a varint cut short
+# (HeaderError), a fixed-width read past the end (struct.error), an index past it.
+_SHORT = (HeaderError, struct_error, IndexError)
 
 
-class ScanError(ValueError):
-    """A response body that does not match its schema."""
+class ScanError(ProtocolError):
+    """A request or response body, read in place without decoding, that does not match its
+    schema."""
+
+
+def need_bytes(buf, pos: int, size: int, what: str) -> None:
+    """Raises :class:`ScanError` unless ``buf`` holds ``size`` bytes from ``pos``: the check
+    before a fixed-width read, so a short body is reported as what it is."""
+    if pos < 0 or pos + size > len(buf):
+        raise ScanError(f"{what}: {size} bytes at {pos} run past the {len(buf)} there are")
 
 
 class ResponseScan(NamedTuple):
@@ -70,9 +82,7 @@ def scan_produce_response(body, version: int) -> ResponseScan:
         throttle_offset = pos
         pos += 4
         return ResponseScan(throttle_offset, frozenset(errors), _node_endpoints(body, pos))
-    except ScanError:
-        raise
-    except Exception as exc:  # HeaderError, IndexError or struct.error on a short body
+    except _SHORT as exc:  # a read past the end of the body
         raise ScanError(f"malformed ProduceResponse v{version}: {exc}") from exc
 
 
@@ -93,9 +103,7 @@ def scan_fetch_response(body, version: int) -> ResponseScan:
                 pos = skip_tagged_fields(body, pos)
             pos = skip_tagged_fields(body, pos)
         return ResponseScan(0, frozenset(errors), _node_endpoints(body, pos))
-    except ScanError:
-        raise
-    except Exception as exc:
+    except _SHORT as exc:
         raise ScanError(f"malformed FetchResponse v{version}: {exc}") from exc
 
 
@@ -151,7 +159,7 @@ def scan_fetch_head(body, version: int) -> FetchHead | None:
                 pos = skip_tagged_fields(body, pos)  # raises past the end of this part
             pos = skip_tagged_fields(body, pos)
         return None  # no topic
-    except (ScanError, HeaderError, IndexError, struct_error):
+    except (ScanError, *_SHORT):
         return None  # this part ends first (a malformed body fails when assembled)
 
 
@@ -163,9 +171,7 @@ def scan_fetch_tail(tail) -> int:
         pos = skip_tagged_fields(tail, 0)  # the last partition's
         pos = skip_tagged_fields(tail, pos)  # its topic's
         return _node_endpoints(tail, pos)
-    except ScanError:
-        raise
-    except Exception as exc:
+    except _SHORT as exc:
         raise ScanError(f"malformed FetchResponse end: {exc}") from exc
 
 

@@ -7,6 +7,7 @@ from struct import Struct
 from .apis import SPECS
 from .headers import response_body_offset
 from .messages import decode_response, encode_body
+from .scan import need_bytes
 
 _INT32 = Struct(">i")
 
@@ -37,12 +38,14 @@ def with_throttle(api_key: int, api_version: int, frame, throttle_ms: int):
 
     Returns ``frame`` itself when the broker's value is already as high or the version has no
     such field. When the field leads the body it is patched in place of a copy; otherwise
-    (Produce, ApiVersions, OffsetDelete) the small body is decoded and re-encoded.
+    (Produce, ApiVersions, OffsetDelete) the small body is decoded and re-encoded. Raises a
+    :class:`~protocol.errors.ProtocolError` for a frame too short or malformed to hold it.
     """
     if not has_throttle_field(api_key, api_version):
         return frame
     offset = response_body_offset(frame, api_key, api_version)
     if api_key in _FIRST_FIELD_SINCE:
+        need_bytes(frame, offset, 4, "throttle_time_ms")
         (current,) = _INT32.unpack_from(frame, offset)
         if current >= throttle_ms:
             return frame
@@ -62,5 +65,6 @@ def throttle_of(api_key: int, api_version: int, frame) -> int:
         return 0
     offset = response_body_offset(frame, api_key, api_version)
     if api_key in _FIRST_FIELD_SINCE:
+        need_bytes(frame, offset, 4, "throttle_time_ms")
         return _INT32.unpack_from(frame, offset)[0]
     return decode_response(api_key, api_version, memoryview(frame)[offset:]).throttle_time_ms

@@ -21,11 +21,10 @@ from typing import TYPE_CHECKING
 
 from protocol.apis import FIRST_FLEXIBLE_VERSION, ApiKey, api_name
 from protocol.frames import FrameError, FrameReader
+from protocol.errors import ProtocolError
 from protocol.headers import HeaderError, parse_request_header, response_correlation_id
-from protocol.messages import DecodeError
 from protocol.produce import produce_acks
 from protocol.throttle import with_throttle
-from protocol.scan import ScanError
 
 from .filters.base import UNFILTERED, UNROUTED, Answer, Close, Defer, Forward, Hold, StreamRoute
 from .flow import ReadGate
@@ -143,7 +142,7 @@ def _acks_not_zero(data: bytes, pos: int, version: int) -> bool:
                 return produce_acks(data, pos, version) != 0
             pos += 2
         return data[pos] != 0 or data[pos + 1] != 0  # acks, an int16
-    except (IndexError, struct_error, HeaderError):  # cut short, or a bad varint: the general path rejects it
+    except (IndexError, struct_error, ProtocolError):  # cut short, or a bad varint: the general path rejects it
         return False
 
 
@@ -452,7 +451,7 @@ class ClientConnection(asyncio.Protocol):
         """A request-side step raised: this connection is closed, with the reason counted."""
         if isinstance(exc, HeaderError):
             self._reject("bad_header", str(exc))
-        elif isinstance(exc, (DecodeError, ScanError)):
+        elif isinstance(exc, ProtocolError):
             self.stats.decode_failures += 1
             self._reject("undecodable", str(exc))
         else:
@@ -780,7 +779,7 @@ class ClientConnection(asyncio.Protocol):
             return
         try:
             self._respond(entry, task.result(), rest)
-        except (DecodeError, ScanError, HeaderError) as exc:
+        except ProtocolError as exc:
             self._upstream_failed(f"undecodable response: {exc}")  # counts the decode failure
         except Exception:
             log.exception("response filter failed for %s; closing it", self.label)
@@ -847,7 +846,9 @@ class ClientConnection(asyncio.Protocol):
         )
 
     def _upstream_failed(self, reason: str) -> None:
-        log.error("broker connection for %s failed: %s; closing client", self.label, reason)
+        # A client can make a broker's answer undecodable (an unknown version), so rate-limited.
+        self.server.guard.log("upstream_failed", logging.ERROR, "broker connection for %s failed: %s; closing client",
+                              self.label, reason, logger=log)
         self.stats.decode_failures += 1
         self._close()
 
@@ -1078,7 +1079,7 @@ class UpstreamConnection(asyncio.Protocol):
         """A response filter or a write to the client raised: the client's connection is
         closed, with the reason counted."""
         client = self.client
-        if isinstance(exc, (DecodeError, ScanError, HeaderError)):
+        if isinstance(exc, ProtocolError):
             client._upstream_failed(f"undecodable response: {exc}")  # counts the decode failure
         else:
             log.error("response filter failed for %s; closing it", client.label, exc_info=exc)

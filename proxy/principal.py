@@ -67,7 +67,7 @@ def _jwt_claim(jwt: str, claim: str) -> str:
     payload = parts[1] + "=" * (-len(parts[1]) % 4)
     try:
         claims = json.loads(base64.urlsafe_b64decode(payload))
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # json recurses on nesting: a hostile token
         raise SaslError("JWT payload is not base64url JSON") from exc
     value = claims.get(claim) if isinstance(claims, dict) else None
     if not isinstance(value, str) or not value:

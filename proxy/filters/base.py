@@ -5,6 +5,10 @@ it may note a throttle) and returns ``None`` (pass on to the next filter, then f
 responds itself) or :class:`Close`. A response filter returns the frame to send on (the same
 object when it changed nothing), or :class:`Hold`. Frames here never include the 4-byte size
 prefix; only ``on_response_chunk`` (below) sees and returns whole chunks, prefix included.
+
+A body a filter cannot read ends as a :class:`protocol.errors.ProtocolError` and nothing else
+(the connection closes, with one line and a counter); a line a client can trigger at will goes
+through a :class:`proxy.logs.LogLimiter`.
 """
 
 from __future__ import annotations

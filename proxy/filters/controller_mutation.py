@@ -79,7 +79,9 @@ class ControllerMutationFilter:
             for t in req.topics:
                 n = t.num_partitions if t.num_partitions != -1 else (len(t.assignments) or None)
                 if n is None:
-                    n = self.topics.num_partitions_default
+                    n = self.topics.num_partitions_default  # None until known: looked up first
+                elif n < 0:
+                    n = 0  # refused by the broker (INVALID_PARTITIONS); charged, it would give tokens back
                 out.append(_Topic(t, t.name, None, n))
         elif key == ApiKey.CREATE_PARTITIONS:
             for t in req.topics:

@@ -7,7 +7,10 @@ import logging
 from protocol.headers import response_body_offset
 from protocol.records import ProduceScan, RecordsError, count_fetch_records, scan_produce_request
 
+from ..logs import LogLimiter
+
 log = logging.getLogger("proxy.records")
+_unreadable = LogLimiter(log)  # a client can send unreadable batches at will
 
 
 def produce_scan(conn, header, frame, entry) -> ProduceScan | None:
@@ -23,8 +26,8 @@ def produce_scan(conn, header, frame, entry) -> ProduceScan | None:
         scan = scan_produce_request(frame, header.body_offset, header.api_version)
     except RecordsError as exc:
         conn.stats.records_scan_failures["Produce"] += 1
-        log.warning("unreadable record batches from %s (client_id=%s): %s; forwarded uncharged",
-                    conn.label, header.client_id, exc)
+        _unreadable.log(logging.WARNING, "unreadable record batches from %s (client_id=%s): %s; forwarded uncharged",
+                        conn.label, header.client_id, exc)
         entry.produce = False
         return None
     entry.produce = scan
@@ -45,8 +48,9 @@ def count_fetched(conn, entry, frame) -> bool:
         counted = count_fetch_records(memoryview(frame)[offset:], entry.api_version)
     except RecordsError as exc:
         conn.stats.records_scan_failures["Fetch"] += 1
-        log.warning("unreadable record batches in a Fetch response for %s: %s; not counted or charged",
-                    conn.label, exc)
+        _unreadable.log(logging.WARNING,
+                        "unreadable record batches in a Fetch response for %s: %s; not counted or charged",
+                        conn.label, exc)
         entry.records = 0
         return False
     entry.records, entry.batches = counted.records, counted.batches

@@ -9,10 +9,17 @@ from protocol.headers import response_body_offset
 from protocol.messages import decode_request, decode_response
 from proxy.principal import SaslError, principal_from_client_token, scram_exchange_complete
 
+from ..logs import LogLimiter
+
 log = logging.getLogger("proxy.sasl")
+_unreadable_token = LogLimiter(log)  # a client can send unreadable tokens at will
 
 
 class SaslFilter:
+    """Follows SASL passthrough. A body that cannot be decoded (a null auth_bytes included: the
+    schema does not allow one, and Kafka's own reader refuses it) raises DecodeError; a token
+    no principal can be read from claims none."""
+
     api_keys = frozenset({ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
 
     def on_request(self, conn, header, frame, entry):
@@ -24,8 +31,10 @@ class SaslFilter:
         mechanism = session.sasl_mechanism or ""
         try:
             claimed = principal_from_client_token(mechanism, bytes(req.auth_bytes))
-        except (SaslError, UnicodeDecodeError) as exc:
-            log.warning("cannot read principal from %s token on %s: %s", mechanism, conn.label, exc)
+        except (SaslError, UnicodeDecodeError, RecursionError) as exc:
+            # RecursionError: json's decoder on a JWT payload nested deeper than the stack.
+            _unreadable_token.log(logging.WARNING, "cannot read principal from %s token on %s: %s",
+                                  mechanism, conn.label, exc)
             claimed = None
         if claimed is not None:
             session.claimed_principal = claimed
