@@ -34,6 +34,7 @@ from .filters.producer_ids import ProducerIdQuotaFilter
 from .filters.quotas import RateQuotaFilter, now_ms
 from .filters.usage import UsageFilter
 from .guard import ConnectionGuard, GuardCollector
+from .readiness import Readiness
 from .topics import TopicCache
 from .quota_metrics import ProducerIdCollector, QuotaCollector
 from .stats import ProxyStats, StatsCollector
@@ -123,6 +124,8 @@ class ProxyServer:
                                                     ld.hint_wait_ms / 1000), usage_filter)
         self.connections: set[ClientConnection] = set()
         self.guard = ConnectionGuard(config.connections, config.quota_windows)
+        up = config.upstream
+        self._readiness = Readiness(self.stats, self.cluster, 2 * up.metadata_refresh_interval_s + up.connect_timeout_s)
         self.registry.register(GuardCollector(self.guard))
         self._servers: list[asyncio.AbstractServer] = []
         self._tasks: set[asyncio.Task] = set()
@@ -151,9 +154,9 @@ class ProxyServer:
         self.bootstrap_address = server.sockets[0].getsockname()[:2]
         log.info("bootstrap listener on %s:%d", *self.bootstrap_address)
         if self.config.metrics.enabled:
-            endpoint = MetricsEndpoint(self.registry, self.health)
+            endpoint = MetricsEndpoint(self.registry, self.health, self.ready, self.config.metrics.max_entity_series)
             m = self.config.metrics
-            http = await asyncio.start_server(endpoint.handle, m.host, m.port, reuse_address=True)
+            http = await endpoint.start_server(m.host, m.port)
             self._servers.append(http)
             self.metrics_address = http.sockets[0].getsockname()[:2]
             log.info("metrics on http://%s:%d/metrics", *self.metrics_address)
@@ -252,9 +255,15 @@ class ProxyServer:
         self._spawn(serve())
 
     def health(self) -> tuple[bool, str]:
+        """Liveness (``/healthz``): every listener of the proxy's own is serving."""
         ok = bool(self._servers) and all(s.is_serving() for s in self._servers)
         detail = f"{'ok' if ok else 'not serving'}; brokers known: {sorted(self.cluster.brokers)}"
         return ok, detail
+
+    def ready(self) -> tuple[bool, str]:
+        """Readiness (``/readyz``): serving, a broker known, and a metadata refresh answered
+        within two refresh intervals (plus a connect timeout): see proxy.readiness."""
+        return self._readiness.check(self.health()[0])
 
     async def stop(self) -> None:
         for task in list(self._tasks):
