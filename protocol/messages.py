@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from struct import Struct
 
 from kafka.protocol.api_message import ApiMessage
@@ -32,7 +33,9 @@ def versioned(cls, version: int):
 
 
 def decode_request(api_key: int, api_version: int, body) -> ApiMessage:
-    return _decode(SPECS[api_key].request, api_version, body)
+    """Decodes a client's request body; one that would make kafka-python copy it over and over
+    for its tagged fields is refused (see _TaggedCopies)."""
+    return _decode(SPECS[api_key].request, api_version, body, _tagged_budget_bytes(len(memoryview(body))))
 
 
 def decode_response(api_key: int, api_version: int, body) -> ApiMessage:
@@ -41,10 +44,37 @@ def decode_response(api_key: int, api_version: int, body) -> ApiMessage:
     # version, so that any client can read it (ApiVersionsResponse / KIP-511).
     if api_key == ApiKey.API_VERSIONS and len(view) >= 2 and _INT16.unpack_from(view)[0] != 0:
         api_version = 0
-    return _decode(SPECS[api_key].response, api_version, view)
+    # A broker's response is trusted to be the broker's: its tagged fields are not counted.
+    return _decode(SPECS[api_key].response, api_version, view, _UNCOUNTED)
 
 
-def _decode(cls, version: int, body) -> ApiMessage:
+class _TaggedCopies:
+    """How many bytes kafka-python's decoder may still copy for tagged fields in one decode.
+
+    Its generated decoders read a struct's non-empty tagged fields from a copy of everything
+    after them (``BytesIO(bytes(data[pos:]))``), so a body with tags on many structs costs time
+    quadratic in its size: a 1.4 MB CreateTopics with a tag on each topic took 3.5 s of the
+    event loop. Kafka's own clients send no tags there; a body that needs more copying than a
+    few times its size is refused instead."""
+
+    budget_bytes = 0
+
+
+def _counted_bytes_io(copy: bytes) -> io.BytesIO:
+    _TaggedCopies.budget_bytes -= len(copy)
+    if _TaggedCopies.budget_bytes < 0:
+        raise DecodeError("tagged fields on too many structs (decoding it would copy the body over and over)")
+    return io.BytesIO(copy)
+
+
+def _tagged_budget_bytes(body_bytes: int) -> int:
+    return (1 << 20) + min(16 * body_bytes, 64 << 20)
+
+
+_UNCOUNTED = float("inf")
+
+
+def _decode(cls, version: int, body, tagged_budget_bytes: float) -> ApiMessage:
     """Decodes a whole body. Guarantees: every byte belongs to the message, and no field its
     schema says is not nullable is null (kafka-python reads a -1 length as None anywhere;
     Kafka's generated readers refuse it: "non-nullable field ... was serialized as null")."""
@@ -55,7 +85,12 @@ def _decode(cls, version: int, body) -> ApiMessage:
         decode_from = cls._struct.compiled_decode_from(
             version, compact=flexible, tagged=flexible, data_class=cls[None]
         )
+        # The generated decoder looks its BytesIO up in its own globals: count what it copies.
+        decode_from.__globals__["_BytesIO"] = _counted_bytes_io
+        _TaggedCopies.budget_bytes = tagged_budget_bytes
         message, end = decode_from(view, 0)
+    except DecodeError:
+        raise
     except Exception as exc:  # kafka-python raises assorted errors on malformed input
         raise DecodeError(f"cannot decode {cls.__name__} v{version}: {exc!r}") from exc
     if end != len(view):
