@@ -419,8 +419,11 @@ class ClientConnection(asyncio.Protocol):
                 return
         if out:
             self._send_upstream(out)
-        if bad_frame is not None and self._deferred is None and not self._throttle_hold:
-            self._reject("bad_frame", str(bad_frame), drain=True)
+        if bad_frame is not None:
+            if self._deferred is not None or self._throttle_hold:
+                self._held_error = bad_frame  # after the held frames, in order
+            else:
+                self._reject("bad_frame", str(bad_frame), drain=True)
 
     def _on_request(self, frame, out: list) -> None:
         header = parse_request_header(frame)

@@ -167,3 +167,18 @@ def test_a_reload_that_removes_the_quota_lets_held_requests_through_uncharged_on
         pair.conn._teardown()
 
     asyncio.run(go())
+
+
+def test_garbage_after_the_request_that_gets_throttled_is_rejected_once_the_hold_ends():
+    async def go():
+        pair = _pair(producer_byte_rate=QUOTA_BYTES / 10)
+        # The third request crosses the quota and is the last whole frame before a bad size.
+        pair.conn.data_received(b"".join(_produce(i) for i in range(1, 4)) + struct.pack(">i", -5))
+        assert pair.conn._held_error is not None and not pair.client.closed
+        for i in (1, 2, 3):
+            pair.up.data_received(_produce_answer(i))
+        _end_mute(pair)
+        assert pair.client.closed
+        assert pair.server.stats.frames_rejected["bad_frame"] == 1
+
+    asyncio.run(go())
