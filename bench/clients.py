@@ -354,9 +354,11 @@ class IdleMemory:
         return asdict(self)
 
 
-def idle_connection_memory(address: tuple[str, int], pid: int, n: int = 1000, settle_s: float = 1.0) -> IdleMemory:
+def idle_connection_memory(address: tuple[str, int], pid: int, n: int = 1000, settle_s: float = 1.0,
+                           silent: bool = False) -> IdleMemory:
     """Open ``n`` connections, one ApiVersions round trip on each (so the upstream connection
-    exists), keep them open, and report the RSS growth of ``pid`` per connection."""
+    exists), keep them open, and report the RSS growth of ``pid`` per connection. ``silent``:
+    send nothing on them (a client connected and idle from the start)."""
     frame = api_versions_frame(3)
     buf = bytearray(1 << 16)
     # Warm-up: a few connections opened and closed, so first-use allocations are not counted.
@@ -374,6 +376,8 @@ def idle_connection_memory(address: tuple[str, int], pid: int, n: int = 1000, se
         for i in range(n):
             s = socket.create_connection(address, timeout=30)
             socks.append(s)
+            if silent:
+                continue
             struct.pack_into(">i", frame, 8, i)
             s.sendall(frame)
             _recv_exact(s, 4, buf)

@@ -126,7 +126,7 @@ class Launcher:
         self.python_wrapper = python_wrapper or (lambda name: [])
         self._n = 0
 
-    def _popen(self, name: str, role: str, argv: list[str]) -> tuple[subprocess.Popen, Path]:
+    def _popen(self, name: str, role: str, argv: list[str], cwd: Path | None = None) -> tuple[subprocess.Popen, Path]:
         self._n += 1
         log_path = self.workdir / f"{self._n:02d}-{name}.log"
         cpus = self.pin.get(role)
@@ -135,7 +135,7 @@ class Launcher:
         with open(log_path, "wb") as log:
             popen = subprocess.Popen(
                 argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                cwd=REPO, start_new_session=True,
+                cwd=cwd or REPO, start_new_session=True,
             )
         return popen, log_path
 
@@ -189,8 +189,9 @@ class Launcher:
 
         return self._start_tansu(name, "tansu-proxy", argv)  # multi-threaded: not an "intermediary" pin
 
-    def _python_with_ready_file(self, name: str, argv: list[str], ready: Path, timeout_s: float) -> Proc:
-        popen, log_path = self._popen(name, "intermediary", argv)
+    def _python_with_ready_file(self, name: str, argv: list[str], ready: Path, timeout_s: float,
+                                cwd: Path | None = None) -> Proc:
+        popen, log_path = self._popen(name, "intermediary", argv, cwd)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if popen.poll() is not None:
@@ -241,7 +242,9 @@ class Launcher:
         raise RuntimeError(f"could not start a pumped broker: {last}")
 
     def our_proxy(self, upstream: tuple[str, int], name: str = "kafka-quota-proxy",
-                  log_level: str = "warning", extra_yaml: str = "") -> Proc:
+                  log_level: str = "warning", extra_yaml: str = "", checkout: Path | None = None) -> Proc:
+        """This project's proxy; with ``checkout``, the one in that directory (another commit's
+        work tree: ``python -m proxy`` finds its packages there first)."""
         n = self._n + 1
         cfg = self.workdir / f"{name}-{n}.yaml"
         ready = self.workdir / f"{name}-{n}.ready.json"
@@ -261,7 +264,7 @@ class Launcher:
         argv = [sys.executable, *self.python_wrapper(name), "-m", "proxy", "run", "--config", str(cfg),
                 "--ready-file", str(ready),
                 "--log-level", log_level]
-        proc = self._python_with_ready_file(name, argv, ready, 30.0)
+        proc = self._python_with_ready_file(name, argv, ready, 30.0, checkout)
         self._wait_ready(proc, 10.0)
         return proc
 

@@ -14,6 +14,8 @@ other; for round trips, each intermediary runs again in front of one shared brok
                      (byte, request, mutation, record and batch rates, and producer ids)
   proxy-usage-log    this project, no quotas, with the usage log on (one Parquet file a second
                      into the run's workdir; Fetch responses' records counted)
+  proxy-baseline     this project as another work tree has it (--baseline DIR, e.g. a
+                     `git worktree` of the commit before a change): before and after in one run
 
 The benchmark client is this process; broker, pump and proxies are subprocesses.
 Results go to bench/results/latest.json (and are printed).
@@ -39,6 +41,8 @@ from . import clients
 from .procs import Launcher, Proc, cpu_seconds, raise_nofile, rss_kib, system_busy_seconds, tansu_binary
 
 CONFIGS = ("direct", "byte-pump", "kafka-quota-proxy", "tansu-proxy", "proxy-with-quotas", "proxy-usage-log")
+BASELINE = "proxy-baseline"  # only with --baseline
+_baseline_checkout: Path | None = None
 # Every client of the benchmark falls under these quotas, set far above what it can reach, so
 # each request pays for the quota decisions without ever being throttled.
 QUOTAS_NOT_EXCEEDED = (
@@ -116,6 +120,8 @@ def start_intermediary(launcher: Launcher, name: str, broker: tuple[str, int]) -
         return launcher.our_proxy(broker, name=name, extra_yaml=usage_log_yaml(launcher.workdir / "usage"))
     if name == "tansu-proxy":
         return launcher.tansu_proxy(broker)
+    if name == BASELINE and _baseline_checkout is not None:
+        return launcher.our_proxy(broker, name=name, checkout=_baseline_checkout)
     raise ValueError(name)
 
 
@@ -361,6 +367,9 @@ def run_all(configs: list[str], plan: Plan, workdir: Path, profile_dir: Path | N
                     s.result["idle_memory"] = mem.as_dict()
                     log(f"{s.name}: {mem.per_connection_bytes / 1024:.1f} KiB per idle connection "
                         f"(RSS {mem.rss_before_kib / 1024:.1f} -> {mem.rss_after_kib / 1024:.1f} MiB)")
+                    mem = clients.idle_connection_memory(s.address, s.mid.pid, plan.idle_connections, silent=True)
+                    s.result["silent_memory"] = mem.as_dict()
+                    log(f"{s.name}: {mem.per_connection_bytes / 1024:.1f} KiB per connection that sent nothing")
                 s.check_alive()
             except Exception as exc:
                 s.fail(exc)
@@ -421,6 +430,7 @@ ROWS = [
     ("Produce(1 rec) RTT p50 us", ("rtt_produce", "p50_us"), "us", False),
     ("Produce(1 rec) RTT p99 us", ("rtt_produce", "p99_us"), "us", False),
     ("idle conn memory B/conn", ("idle_memory", "per_connection_bytes"), "B", False),
+    ("silent conn memory B/conn", ("silent_memory", "per_connection_bytes"), "B", False),
     ("mid CPU us/req ApiVersions", ("rtt_api_versions", "mid_cpu_us_per_request"), "cpu", False),
     ("mid CPU us/req Produce(1)", ("rtt_produce", "mid_cpu_us_per_request"), "cpu", False),
     ("mid CPU ns/rec produce 100B", ("produce_100B", "server_cpu_ns_per_record"), "cpu", False),
@@ -573,6 +583,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="about one minute instead of several")
     p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated subset of {','.join(CONFIGS)}")
+    p.add_argument("--baseline", type=Path, metavar="DIR",
+                   help=f"also run the proxy of another work tree as '{BASELINE}' (e.g. the commit before a change)")
     p.add_argument("--repeats", type=int, help="produce/consume repetitions per size (median reported)")
     p.add_argument("--partitions", type=int, help="partitions per benchmark topic (default 1)")
     p.add_argument("--idle-connections", type=int, help="connections for the memory test (0 skips it)")
@@ -598,7 +610,14 @@ def main(argv: list[str] | None = None) -> int:
     if overrides:
         plan = Plan(**{**plan.__dict__, **overrides})
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
-    unknown = set(configs) - set(CONFIGS)
+    if args.baseline is not None:
+        global _baseline_checkout
+        _baseline_checkout = args.baseline.resolve()
+        if not (_baseline_checkout / "proxy" / "__main__.py").exists():
+            p.error(f"--baseline {args.baseline}: no proxy/ package there")
+        if BASELINE not in configs:
+            configs.append(BASELINE)
+    unknown = set(configs) - set(CONFIGS) - ({BASELINE} if args.baseline is not None else set())
     if unknown:
         p.error(f"unknown configurations: {', '.join(sorted(unknown))}")
 
