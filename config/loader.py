@@ -89,8 +89,6 @@ def _usage_log(data: Any, path: str) -> UsageLogConfig:
     directory = m.get("directory")
     if directory is not None and (not isinstance(directory, str) or not directory):
         raise ConfigError(f"{path}.directory", f"must be a directory path, got {directory!r}")
-    if not isinstance(m.get("count_fetch_records", True), bool):
-        raise ConfigError(f"{path}.count_fetch_records", f"must be true or false, got {m['count_fetch_records']!r}")
     name = m.get("proxy_name", "")
     if not isinstance(name, str):
         raise ConfigError(f"{path}.proxy_name", f"must be a string, got {name!r}")
@@ -98,7 +96,7 @@ def _usage_log(data: Any, path: str) -> UsageLogConfig:
         directory=directory,
         interval_seconds=_int(m, "interval_seconds", path, d.interval_seconds, 1, 3600),
         max_keys_per_interval=_int(m, "max_keys_per_interval", path, d.max_keys_per_interval, 1, 10_000_000),
-        count_fetch_records=m.get("count_fetch_records", d.count_fetch_records),
+        count_fetch_records=_bool(m, "count_fetch_records", path, d.count_fetch_records),
         proxy_name=name,
         max_pending_intervals=_int(m, "max_pending_intervals", path, d.max_pending_intervals, 1, 100_000),
     )
@@ -107,12 +105,9 @@ def _usage_log(data: Any, path: str) -> UsageLogConfig:
 def _leader_discovery(data: Any, path: str) -> LeaderDiscovery:
     d = LeaderDiscovery()
     m = _mapping(data, path, set(vars(d)))
-    for key in ("fill_hints", "uplift"):
-        if not isinstance(m.get(key, True), bool):
-            raise ConfigError(f"{path}.{key}", f"must be true or false, got {m[key]!r}")
     return LeaderDiscovery(
-        fill_hints=m.get("fill_hints", d.fill_hints),
-        uplift=m.get("uplift", d.uplift),
+        fill_hints=_bool(m, "fill_hints", path, d.fill_hints),
+        uplift=_bool(m, "uplift", path, d.uplift),
         expedited_refresh_min_interval_ms=_int(
             m, "expedited_refresh_min_interval_ms", path, d.expedited_refresh_min_interval_ms, 0, 600_000
         ),
@@ -313,13 +308,10 @@ def _listen(data: Any, path: str) -> ListenConfig:
 def _metrics(data: Any, path: str) -> MetricsConfig:
     d = MetricsConfig()
     m = _mapping(data, path, set(vars(d)))
-    enabled = m.get("enabled", d.enabled)
-    if not isinstance(enabled, bool):
-        raise ConfigError(f"{path}.enabled", f"must be true or false, got {enabled!r}")
     return MetricsConfig(
         host=_str(m, "host", path, d.host),
         port=_int(m, "port", path, d.port, 0, 65535),
-        enabled=enabled,
+        enabled=_bool(m, "enabled", path, d.enabled),
         max_entity_series=_int(m, "max_entity_series", path, d.max_entity_series, 1, 1_000_000),
     )
 
@@ -369,12 +361,9 @@ def _per_ip(m: dict, key: str, path: str, read, *bounds) -> MappingProxyType:
 def _reload(data: Any, path: str) -> ReloadConfig:
     d = ReloadConfig()
     m = _mapping(data, path, set(vars(d)))
-    atomic = m.get("require_atomic_rename", d.require_atomic_rename)
-    if not isinstance(atomic, bool):
-        raise ConfigError(f"{path}.require_atomic_rename", f"must be true or false, got {atomic!r}")
     return ReloadConfig(
         debounce_ms=_int(m, "debounce_ms", path, d.debounce_ms, 0, 60_000),
-        require_atomic_rename=atomic,
+        require_atomic_rename=_bool(m, "require_atomic_rename", path, d.require_atomic_rename),
     )
 
 
@@ -394,6 +383,13 @@ def _str(m: dict, key: str, path: str, default: str) -> str:
     v = m.get(key, default)
     if not isinstance(v, str) or not v:
         raise ConfigError(f"{path}.{key}", f"must be a non-empty string, got {v!r}")
+    return v
+
+
+def _bool(m: dict, key: str, path: str, default: bool) -> bool:
+    v = m.get(key, default)
+    if not isinstance(v, bool):
+        raise ConfigError(f"{path}.{key}", f"must be true or false, got {v!r}")
     return v
 
 
