@@ -870,6 +870,7 @@ class ClientConnection(asyncio.Protocol):
     def _reject(self, reason: str, detail: str, drain: bool = False) -> None:
         """Closes this connection; with ``drain``, only after the responses owed are sent."""
         self.stats.frames_rejected[reason] += 1
+        self.server.guard.closed[reason] += 1
         self.server.guard.log(reason, logging.WARNING, "closing %s (client_id=%s): %s", self.label,
                               self.session.client_id, detail, logger=log)
         if drain and self._pending:

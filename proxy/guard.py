@@ -6,7 +6,7 @@ Guarantees:
 - a connection over a connection limit is never served and never opens a broker connection;
 - the bytes all client connections hold in partial frames and in requests waiting their turn
   stay near ``queued_max_request_bytes``: past it, every connection holding bytes stops being
-  read, the largest first, except the one nearest to finishing its frame; nothing is dropped;
+  read except the one nearest to finishing its frame; nothing is dropped;
 - an idle connection, or one whose frame stays unfinished, is closed by the periodic sweep;
 - each closure is counted by reason, and logged at most a few times per interval per reason.
 """
@@ -29,9 +29,10 @@ from .logs import LogLimiter
 log = logging.getLogger("proxy.guard")
 
 # Gate reasons for which the proxy itself stops reading a client: time spent so does not count
-# against the client's idle or partial-request time ("memory" does: the bytes it holds are the
-# reason, and closing the largest holders is what frees the budget when nothing else does).
-_PROXY_PAUSES = frozenset({"mute", "throttled", "deferred", "backpressure", "connecting", "accept", "closing"})
+# against the client's idle or partial-request time. Under the memory budget only one holder
+# reads at a time (MemoryPool): its clock runs, and if it stalls it is closed, then the next.
+_PROXY_PAUSES = frozenset({"mute", "throttled", "deferred", "backpressure", "connecting", "accept", "closing",
+                           "memory"})
 
 
 def _now_ms() -> int:
@@ -39,16 +40,25 @@ def _now_ms() -> int:
 
 
 class MemoryPool:
-    """Bytes held by client connections, against one budget.
+    """Bytes held by client connections, against one budget (Kafka's ``queued.max.request.bytes``,
+    a ``MemoryPool`` that may overshoot by what one connection is reading).
 
     A holder is a client connection: ``gate`` (pause/resume by reason) and
-    ``bytes_to_finish()`` (bytes still to come of its unfinished frame; 0 if it has none)."""
+    ``bytes_to_finish()`` (bytes still to come of its unfinished frame; 0 if it has none).
+
+    Guarantees: while the bytes held are over the budget, exactly one holder reads, the one
+    nearest to finishing its frame when it was chosen (finishing frees its bytes), and every
+    other holder is paused; a holder that holds nothing is never paused; when the total falls
+    back within the budget every paused holder is read again. Each update costs O(1), except
+    crossing the budget and the reader leaving, which look at every holder once."""
 
     def __init__(self, budget_bytes: int) -> None:
         self.budget_bytes = budget_bytes
         self.held_bytes = 0
         self._held: dict = {}
         self.paused: set = set()
+        self.reader = None  # the one holder read while over the budget
+        self._shedding = False  # over the budget, holders other than the reader paused
         self.pauses_total = 0
 
     def update(self, holder, nbytes: int) -> None:
@@ -56,37 +66,49 @@ class MemoryPool:
         old = self._held.pop(holder, 0)
         if nbytes > 0:
             self._held[holder] = nbytes
-        elif holder in self.paused:  # it holds nothing now: nothing to wait for
-            self.paused.discard(holder)
-            holder.gate.resume("memory")
+        else:
+            self._resume(holder)  # nothing held: nothing to wait for
         self.held_bytes += nbytes - old
-        if self.held_bytes > self.budget_bytes or self.paused:
-            self._rebalance()
+        if self.held_bytes <= self.budget_bytes:
+            if self.paused:
+                for h in list(self.paused):
+                    self._resume(h)
+            self.reader = None
+            self._shedding = False
+        elif not self._shedding or (holder is self.reader and nbytes == 0):
+            self._shed()  # crossing the budget, or the reader finished or left
+        elif holder is self.reader or nbytes == 0:
+            pass
+        elif self.reader is None and holder.bytes_to_finish() > 0:
+            self.reader = holder  # no one was reading: this one may finish a frame
+            self._resume(holder)
+        else:
+            self._pause(holder)
 
     def release(self, holder) -> None:
         """``holder`` closed: its bytes are free."""
-        self.paused.discard(holder)
         self.update(holder, 0)
 
-    def _rebalance(self) -> None:
-        if self.held_bytes <= self.budget_bytes:
-            paused, self.paused = self.paused, set()
-            for holder in paused:
-                holder.gate.resume("memory")
-            return
-        # Over the budget: one holder keeps reading, the one nearest to finishing its frame
-        # (finishing frees its bytes); every other holder waits, the largest first.
+    def _shed(self) -> None:
+        self._shedding = True
         finishing = [h for h in self._held if h.bytes_to_finish() > 0]
-        nearest = min(finishing, key=lambda h: h.bytes_to_finish()) if finishing else None
-        for holder in sorted(self._held, key=self._held.get, reverse=True):
-            if holder is nearest:
-                if holder in self.paused:
-                    self.paused.discard(holder)
-                    holder.gate.resume("memory")
-            elif holder not in self.paused:
-                self.paused.add(holder)
-                self.pauses_total += 1
-                holder.gate.pause("memory")
+        self.reader = min(finishing, key=lambda h: h.bytes_to_finish()) if finishing else None
+        for holder in self._held:
+            if holder is self.reader:
+                self._resume(holder)
+            else:
+                self._pause(holder)
+
+    def _pause(self, holder) -> None:
+        if holder not in self.paused:
+            self.paused.add(holder)
+            self.pauses_total += 1
+            holder.gate.pause("memory")
+
+    def _resume(self, holder) -> None:
+        if holder in self.paused:
+            self.paused.discard(holder)
+            holder.gate.resume("memory")
 
 
 class ConnectionGuard:

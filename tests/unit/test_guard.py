@@ -59,15 +59,38 @@ def test_memory_pool_lets_another_read_when_the_one_reading_closes():
     assert not b.reasons and pool.held_bytes == 80
 
 
-def test_memory_pool_never_keeps_a_holder_of_nothing_paused():
+def test_memory_pool_never_keeps_a_holder_of_nothing_paused_and_chooses_a_reader_when_one_leaves():
     pool = MemoryPool(100)
     a, b, c = Holder(1), Holder(500), Holder(600)
     pool.update(b, 90)
-    pool.update(c, 90)
-    pool.update(a, 10)
-    assert b.reasons and c.reasons
-    pool.update(b, 0)  # b's bytes went elsewhere; still over the budget (100)
+    pool.update(c, 90)  # over: b is nearest to finishing, it reads
+    assert pool.reader is b and c.reasons and not b.reasons
+    pool.update(a, 10)  # a newcomer while over the budget waits (O(1), no new choice)
+    assert a.reasons == {"memory"} and pool.reader is b
+    pool.update(b, 0)  # b's frame finished and went on: 100 held, within the budget, all read
     assert not b.reasons and b not in pool.paused
+    pool.update(c, 95)  # over again (105): the nearest of a and c reads
+    assert pool.reader is a and not a.reasons and c.reasons == {"memory"}
+
+
+def test_memory_pool_under_attack_costs_o1_per_update():
+    pool = MemoryPool(1000)
+    calls = [0]
+
+    class Counting(Holder):
+        def bytes_to_finish(self) -> int:
+            calls[0] += 1
+            return self.to_finish
+
+    holders = [Counting(10 + i) for i in range(2000)]
+    for h in holders:
+        pool.update(h, 100)
+    reader = pool.reader
+    before = calls[0]
+    for _ in range(10):
+        for h in holders[100:]:
+            pool.update(h, 101)  # paused holders' bytes change (held requests processed, say)
+    assert calls[0] == before and pool.reader is reader
 
 
 def test_log_limiter_lets_a_few_lines_through_per_interval_and_counts_the_rest(caplog):
