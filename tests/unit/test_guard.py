@@ -226,3 +226,23 @@ def test_close_for_counts_and_logs_each_reason_a_few_times_only(caplog):
     with caplog.at_level(logging.WARNING, logger="proxy.guard"):
         asyncio.run(go())
     assert len([r for r in caplog.records if "idle" in r.getMessage()]) == 10
+
+
+def test_over_the_creation_rate_of_all_listeners_a_connection_is_accepted_later():
+    async def go():
+        server = ProxyServer(parse_config({**BASE, "connections": {"max_connection_creation_rate": 2},
+                                           "quota_windows": {"quota_window_num": 2}}))
+        wires = [Wire() for _ in range(3)]
+        conns = [ClientConnection(server, None) for _ in wires]
+        for conn, wire in zip(conns, wires):
+            conn.connection_made(wire)
+        # Served, not closed; the third is not read until its throttle has passed.
+        assert not any(w.closed for w in wires) and len(server.connections) == 3
+        assert [w.paused for w in wires] == [False, False, True]
+        assert conns[2].gate.reasons == {"accept"} and server.guard.delayed_total == 1
+        await asyncio.sleep(0.6)  # (3 - 2) / 2 x 1 s = 500 ms
+        assert not wires[2].paused
+        for conn in conns:
+            conn._teardown()
+
+    asyncio.run(go())
