@@ -26,7 +26,17 @@ from protocol.headers import HeaderError, parse_request_header, response_correla
 from protocol.produce import produce_acks
 from protocol.throttle import with_throttle
 
-from .filters.base import UNFILTERED, UNROUTED, Answer, Close, Defer, Forward, Hold, StreamRoute
+from .filters.base import (
+    UNFILTERED,
+    UNROUTED,
+    Answer,
+    Close,
+    Defer,
+    FilterContractError,
+    Forward,
+    Hold,
+    StreamRoute,
+)
 from .flow import ReadGate
 from .guard import proxy_paused
 from .principal import ANONYMOUS, SaslError, principal_from_client_token, scram_exchange_complete
@@ -115,6 +125,7 @@ class InFlight:
 
 
 AS_READ = object()  # InFlight.route: the broker's response goes back as it came
+_FRAME_TYPES = (bytes, bytearray, memoryview)  # what a response filter returns (or Hold)
 _new_in_flight = object.__new__  # an InFlight without running __init__ (the hot path sets its slots)
 
 
@@ -454,6 +465,8 @@ class ClientConnection(asyncio.Protocol):
         """A request-side step raised: this connection is closed, with the reason counted."""
         if isinstance(exc, HeaderError):
             self._reject("bad_header", str(exc))
+        elif isinstance(exc, FilterContractError):
+            self._reject("filter_error", str(exc))
         elif isinstance(exc, ProtocolError):
             self.stats.decode_failures += 1
             self._reject("undecodable", str(exc))
@@ -492,6 +505,9 @@ class ClientConnection(asyncio.Protocol):
             self._complete(entry, decision.frame)
         elif isinstance(decision, Close):
             self._reject("filter_close", decision.reason)
+        else:
+            raise FilterContractError(f"a request filter decided {type(decision).__name__} on {api_name(header.api_key)} "
+                                      f"(expected Forward, Answer, Close, Defer or None)")
 
     def _forward(self, header, frame, entry: InFlight, out: list) -> None:
         key = header.api_key
@@ -763,12 +779,16 @@ class ClientConnection(asyncio.Protocol):
         """Runs the response filters, then completes the entry; a filter may hold it (Hold)."""
         for i, f in enumerate(filters):
             frame = f.on_response(self, entry, frame)
-            if isinstance(frame, Hold):
-                task = asyncio.get_running_loop().create_task(frame.frame)
-                self._holding.add(task)
-                rest = filters[i + 1 :]
-                task.add_done_callback(lambda t: self._resume_response(t, entry, rest))
-                return
+            if not isinstance(frame, _FRAME_TYPES):
+                if isinstance(frame, Hold):
+                    task = asyncio.get_running_loop().create_task(frame.frame)
+                    self._holding.add(task)
+                    rest = filters[i + 1 :]
+                    task.add_done_callback(lambda t: self._resume_response(t, entry, rest))
+                    return
+                # A None would leave the answer unknown and every later one waiting behind it.
+                raise FilterContractError(f"{type(f).__name__}.on_response returned {type(frame).__name__} for "
+                                          f"{api_name(entry.api_key)} (expected a frame or Hold)")
         if entry.on_response is not None:
             frame = entry.on_response(frame)
         if entry.throttle_ms:
@@ -784,6 +804,8 @@ class ClientConnection(asyncio.Protocol):
             self._respond(entry, task.result(), rest)
         except ProtocolError as exc:
             self._upstream_failed(f"undecodable response: {exc}")  # counts the decode failure
+        except FilterContractError as exc:
+            self._reject("filter_error", str(exc))
         except Exception:
             log.exception("response filter failed for %s; closing it", self.label)
             self._close()
@@ -1085,6 +1107,8 @@ class UpstreamConnection(asyncio.Protocol):
         client = self.client
         if isinstance(exc, ProtocolError):
             client._upstream_failed(f"undecodable response: {exc}")  # counts the decode failure
+        elif isinstance(exc, FilterContractError):
+            client._reject("filter_error", str(exc))
         else:
             log.error("response filter failed for %s; closing it", client.label, exc_info=exc)
             client._close()

@@ -59,6 +59,13 @@ class Hold:
 RequestDecision = Forward | Answer | Close | Defer | None
 
 
+class FilterContractError(Exception):
+    """A filter broke its contract: a request filter decided something other than a
+    RequestDecision, or a response filter returned something other than a frame or Hold. The
+    connection it happened on is closed, with a log line and a counter, rather than left
+    waiting for an answer that will never come."""
+
+
 class RequestFilter(Protocol):
     api_keys: frozenset[int] | None  # None = every API
 
