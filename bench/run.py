@@ -314,9 +314,9 @@ def rtt_phase(setups: list["Setup"], plan: Plan, rnd: int, accs: dict[str, dict]
                 try:
                     got[s.name] = clients.round_trip_samples(s.rtt_address, make_frame(), plan.rtt_n)
                 except Exception as exc:
-                    if not broker.alive():
-                        exc = RuntimeError(f"the shared round-trip broker exited:\n{broker.log_tail()}")
-                    s.rtt_fail(f"{type(exc).__name__}: {exc}")
+                    err = exc if broker.alive() else RuntimeError(
+                        f"the shared round-trip broker exited:\n{broker.log_tail()}")
+                    s.rtt_fail(f"{type(err).__name__}: {err}")
         elapsed = time.monotonic() - t0
         busy = system_busy_seconds() - busy0
         for s in live:

@@ -784,7 +784,7 @@ class ClientConnection(asyncio.Protocol):
                     task = asyncio.get_running_loop().create_task(frame.frame)
                     self._holding.add(task)
                     rest = filters[i + 1 :]
-                    task.add_done_callback(lambda t: self._resume_response(t, entry, rest))
+                    task.add_done_callback(lambda t, rest=rest: self._resume_response(t, entry, rest))
                     return
                 # A None would leave the answer unknown and every later one waiting behind it.
                 raise FilterContractError(f"{type(f).__name__}.on_response returned {type(frame).__name__} for "

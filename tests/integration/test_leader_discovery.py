@@ -286,7 +286,7 @@ def test_old_brokers_first_failure_refreshes_then_the_proxy_fills_hints():
         nodes, ids, _ = _client_metadata(proxy.address)  # the proxy learns orders-0..2 at epoch 0
         assert _cached_leader(proxy, "orders", 0) == (1, 0)
         with Client(nodes[1]) as c1, Client(nodes[5]) as c5, Client(nodes[9]) as c9:
-            for i in range(2):
+            for _ in range(2):
                 assert _produced(c1.call(_produce("orders", 0, _records(2))).resp).error_code == 0
             mark = len(cluster.requests)
             cluster.call(cluster.move_leader, "orders", 0, 9)
@@ -674,7 +674,7 @@ class RdkProducer:
         """Sends ``count`` messages, each delivered before the next; returns the seconds taken by
         the first (produce to delivery report)."""
         first_s = None
-        for i in range(count):
+        for _ in range(count):
             started = time.monotonic()
             self.producer.produce("orders", b"%s-%d" % (self.client_id.encode(), len(self.delivered)), partition=0,
                                   on_delivery=lambda err, msg: self.delivered.append((err, msg.offset())))

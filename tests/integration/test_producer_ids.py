@@ -128,7 +128,8 @@ def _rogue_confluent(p, topic: str, stop: threading.Event, out: dict) -> None:
         result = []
         producer = _confluent(p, "rogue-ck", client_id=f"rogue-ck-{n}", **{"message.timeout.ms": 5000})
         producer.produce(topic, b"rogue-ck-%d" % n,
-                         on_delivery=lambda err, _m: result.append((time.monotonic(), err.code() if err else 0)))
+                         on_delivery=lambda err, _m, result=result: result.append(
+                             (time.monotonic(), err.code() if err else 0)))
         producer.flush(10)
         outcomes.extend(result)
         n += 1

@@ -26,11 +26,14 @@ import itertools
 import struct
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kafka.protocol.metadata import ApiVersionsResponse
+
+if TYPE_CHECKING:
+    from kafka.protocol.api_message import ApiMessage
 
 from protocol.apis import SPECS, ApiKey
 from protocol.frames import FrameError, FrameReader, frame
