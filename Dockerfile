@@ -14,6 +14,7 @@ COPY proxy ./proxy
 COPY quotas ./quotas
 COPY config ./config
 COPY pipeline ./pipeline
+COPY usage ./usage
 RUN pip install . \
  && rm -rf /src \
  && useradd --system --uid 10001 --no-create-home kqp \

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from protocol.apis import ApiKey
-from proxy.filters.controller_mutation import STRICT_SINCE
+from protocol.apis import STRICT_SINCE, ApiKey
 from quotas.common import (
     CONSUMER_BYTE_RATE, CONSUMER_RECORD_RATE, CONTROLLER_MUTATION_RATE, PRODUCER_BATCH_RATE,
     PRODUCER_BYTE_RATE, PRODUCER_IDS_RATE, PRODUCER_RECORD_RATE, REQUEST_RATE,

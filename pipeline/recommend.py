@@ -22,9 +22,9 @@ from datetime import datetime, timezone
 import numpy as np
 import yaml
 
-from proxy.principal import ANONYMOUS
-from proxy.usage_log import OTHER
 from quotas.common import RATE_KINDS as WINDOWED_RATE_KINDS
+from quotas.entities import ANONYMOUS
+from usage.schema import OTHER
 
 from .demand import PRINCIPAL, _long
 from .kinds import ALL_KINDS, PER_WINDOW

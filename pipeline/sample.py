@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from proxy.usage_log import SCHEMA_VERSION, arrow_schema
+from usage.schema import SCHEMA_VERSION, arrow_schema
 
 from .generate import (CREATE_TOPICS, FETCH, INIT_PRODUCER_ID, NOISY, PRODUCE, RESTART_EVERY_S, RESTARTS, STORM,
                        STORM_PARTITIONS, STORM_SECONDS, STORM_TOPICS)

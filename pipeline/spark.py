@@ -10,11 +10,12 @@ import zipfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-from proxy.usage_log import COLUMN_NAMES, SCHEMA_VERSION, arrow_schema
+from usage.schema import COLUMN_NAMES, SCHEMA_VERSION, arrow_schema
 
 from .errors import UsageError
 
-_PACKAGES = ("config", "quotas", "pipeline", "proxy", "protocol")
+# What the executors import (never proxy: a Spark job loads no asyncio, no prometheus-client).
+_PACKAGES = ("config", "quotas", "pipeline", "protocol", "usage")
 
 
 def spark_session(master: str = "local[*]", app_name: str = "kafka-quota-proxy report",

@@ -35,6 +35,11 @@ class ApiKey(IntEnum):
     SHARE_ACKNOWLEDGE = 79
 
 
+# KIP-599: the first version of each controller-mutation API whose response may say
+# THROTTLING_QUOTA_EXCEEDED (strict mode); older versions are answered permissively.
+STRICT_SINCE: dict[int, int] = {ApiKey.CREATE_TOPICS: 6, ApiKey.CREATE_PARTITIONS: 3, ApiKey.DELETE_TOPICS: 5}
+
+
 @dataclass(frozen=True, slots=True)
 class ApiSpec:
     """What the proxy knows of one API key: its classes, highest version and flexible range."""

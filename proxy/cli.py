@@ -21,7 +21,7 @@ from config.model import Config
 
 from . import logs
 
-log = logging.getLogger("proxy.cli")
+log = logging.getLogger(__name__)
 
 
 def _parser() -> argparse.ArgumentParser:

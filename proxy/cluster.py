@@ -16,7 +16,7 @@ from config.model import Config
 
 from .stats import ProxyStats
 
-log = logging.getLogger("proxy.cluster")
+log = logging.getLogger(__name__)
 
 
 class Cluster:

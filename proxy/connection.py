@@ -45,7 +45,7 @@ from .stats import SLOT_KEYS, SLOT_VERSIONS
 if TYPE_CHECKING:
     from .server import ProxyServer
 
-log = logging.getLogger("proxy.connection")
+log = logging.getLogger(__name__)
 
 _INT32 = Struct(">i")
 _INT16 = Struct(">h")

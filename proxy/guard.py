@@ -26,7 +26,7 @@ from quotas.connections import Admission, ConnectionLimits, ConnectionQuotas
 
 from .logs import LogLimiter
 
-log = logging.getLogger("proxy.guard")
+log = logging.getLogger(__name__)
 
 # Gate reasons for which the proxy itself stops reading a client: time spent so does not count
 # against the client's idle or partial-request time. Under the memory budget only one holder

@@ -30,7 +30,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from .quota_metrics import DEFAULT_MAX_ENTITY_SERIES
 from .stats import SAMPLES_PER_STEP, Scrape, Steps
 
-log = logging.getLogger("proxy.http")
+log = logging.getLogger(__name__)
 
 Check = Callable[[], tuple[bool, str]]  # () -> (ok, detail)
 

@@ -22,7 +22,7 @@ from prometheus_client.registry import Collector
 from .refresh import fetch_topic_metadata
 from .stats import counter_by
 
-log = logging.getLogger("proxy.leaders")
+log = logging.getLogger(__name__)
 
 _NO_ID = uuid.UUID(int=0)
 

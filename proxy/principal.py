@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 import json
 
-ANONYMOUS = "ANONYMOUS"
+from quotas.entities import ANONYMOUS  # noqa: F401  (the pipeline shares it; defined in quotas)
 
 
 class SaslError(ValueError):

@@ -21,7 +21,7 @@ from protocol.messages import decode_response
 from .cluster import Cluster
 from .stats import ProxyStats
 
-log = logging.getLogger("proxy.refresh")
+log = logging.getLogger(__name__)
 _INT32 = Struct(">i")
 _CLIENT_ID = "kafka-quota-proxy"
 

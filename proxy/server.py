@@ -40,7 +40,7 @@ from .quota_metrics import ProducerIdCollector, QuotaCollector
 from .stats import ProxyStats, StatsCollector
 from .usage_log import UsageLog, UsageLogCollector
 
-log = logging.getLogger("proxy.server")
+log = logging.getLogger(__name__)
 
 
 def default_chain(

@@ -22,7 +22,7 @@ from quotas.common import (
     USER_LEVEL_ONLY_KINDS,
     Decision,
 )
-from quotas.entities import DEFAULT, EntityResolver, EntityTable, QuotaRule, ResolvedQuota
+from quotas.entities import ANONYMOUS, DEFAULT, EntityResolver, EntityTable, QuotaRule, ResolvedQuota
 from quotas.manager import EntityStats, KindCounters, QuotaManager
 from quotas.rate import WindowedRate
 from quotas.token_bucket import TokenBucket
@@ -30,6 +30,7 @@ from quotas.token_bucket import TokenBucket
 __all__ = [
     "ADMIT",
     "ALL_KINDS",
+    "ANONYMOUS",
     "CONSUMER_BYTE_RATE",
     "CONSUMER_RECORD_RATE",
     "CONTROLLER_MUTATION_RATE",

@@ -35,6 +35,8 @@ from typing import Any, NamedTuple
 from quotas.common import USER_LEVEL_ONLY_KINDS
 
 DEFAULT = "<default>"
+# Kafka's KafkaPrincipal.ANONYMOUS: the user of a connection nobody authenticated.
+ANONYMOUS = "ANONYMOUS"
 # Kafka: ClientQuotaManager.InactiveSensorExpirationTimeSeconds = 3600.
 DEFAULT_IDLE_MS = 3_600_000
 DEFAULT_MAX_ENTITIES = 100_000

@@ -18,7 +18,7 @@ import logging
 from dataclasses import dataclass
 
 from protocol import errors
-from protocol.apis import SPECS, ApiKey
+from protocol.apis import SPECS, STRICT_SINCE, ApiKey
 from protocol.headers import encode_response_header, response_body_offset
 from protocol.messages import decode_request, decode_response, encode_body
 from quotas import CONTROLLER_MUTATION_RATE, QuotaManager
@@ -27,10 +27,8 @@ from ..refresh import fetch_num_partitions, fetch_topics
 from .base import Answer, Defer, Forward
 from .quotas import now_ms
 
-log = logging.getLogger("proxy.kip599")
+log = logging.getLogger(__name__)
 
-# First strict version per API (KIP-599).
-STRICT_SINCE = {ApiKey.CREATE_TOPICS: 6, ApiKey.CREATE_PARTITIONS: 3, ApiKey.DELETE_TOPICS: 5}
 VALIDATE_ONLY = object()
 THROTTLED_MESSAGE = "The throttling quota has been exceeded."  # Kafka's Errors default message
 

@@ -13,7 +13,7 @@ from quotas.limiters import RateLimiter, Usage
 from .quotas import now_ms
 from .records import count_fetched, produce_scan
 
-log = logging.getLogger("proxy.limiters")
+log = logging.getLogger(__name__)
 
 
 class RateLimiterFilter:

@@ -16,7 +16,7 @@ from .base import Answer, Close, Defer
 from .quotas import now_ms
 from .records import produce_scan
 
-log = logging.getLogger("proxy.producer_ids")
+log = logging.getLogger(__name__)
 
 REJECTED_MESSAGE = "producer_ids_rate exceeded: too many new producer ids for this user in the quota window"
 

@@ -9,7 +9,7 @@ from protocol.records import ProduceScan, RecordsError, count_fetch_records, sca
 
 from ..logs import LogLimiter
 
-log = logging.getLogger("proxy.records")
+log = logging.getLogger(__name__)
 _unreadable = LogLimiter(log)  # a client can send unreadable batches at will
 
 

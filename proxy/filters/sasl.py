@@ -11,7 +11,7 @@ from proxy.principal import SaslError, principal_from_client_token, scram_exchan
 
 from ..logs import LogLimiter
 
-log = logging.getLogger("proxy.sasl")
+log = logging.getLogger(__name__)
 _unreadable_token = LogLimiter(log)  # a client can send unreadable tokens at will
 
 

@@ -1,0 +1,130 @@
+"""The layers import only downwards: the arrows are read from the source (``ast``), not trusted.
+
+The rules (a package may import itself and the packages listed, nothing else of this project's):
+
+- ``protocol``  nothing of ours: Kafka's wire format only;
+- ``usage``     nothing of ours: the usage-log schema, shared by the proxy that writes the log and
+                the pipeline that reads it;
+- ``quotas``    nothing of ours: pure engines (``ANONYMOUS`` lives here, where both sides reach it);
+- ``config``    quotas, protocol, usage: never proxy or pipeline;
+- ``pipeline``  config, quotas, protocol, usage: never proxy, so a Spark job loads no asyncio;
+- ``proxy``     anything.
+
+Every ``import`` and ``from ... import`` counts, absolute or relative, at module level or inside
+a function or an ``if TYPE_CHECKING:``, and so does ``importlib.import_module("<literal>")``.
+No package of ours may import ``tests`` or ``bench``.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+OURS = frozenset({"protocol", "usage", "quotas", "config", "pipeline", "proxy", "tests", "bench"})
+ALLOWED: dict[str, frozenset[str]] = {
+    "protocol": frozenset({"protocol"}),
+    "usage": frozenset({"usage"}),
+    "quotas": frozenset({"quotas"}),
+    "config": frozenset({"config", "quotas", "protocol", "usage"}),
+    "pipeline": frozenset({"pipeline", "config", "quotas", "protocol", "usage"}),
+    "proxy": frozenset({"proxy", "config", "quotas", "protocol", "usage", "pipeline"}),
+}
+
+
+def imported_modules(module: str, source: str, is_package: bool = False) -> list[tuple[int, str]]:
+    """(line, absolute module name) of every import in ``source``, the source of ``module``
+    (dotted name; ``is_package`` for an ``__init__.py``)."""
+    package = module if is_package else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.extend((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level == 0:
+                found.append((node.lineno, node.module))
+                continue
+            parts = package.split(".") if package else []
+            # A relative import climbing past the top level resolves to what it names.
+            base = parts[:len(parts) - (node.level - 1)] if node.level - 1 < len(parts) else []
+            target = ".".join([*base, node.module] if node.module else base)
+            if node.module is None:  # from . import a, b: each name may be a module
+                found.extend((node.lineno, f"{target}.{alias.name}" if target else alias.name)
+                             for alias in node.names)
+            else:
+                found.append((node.lineno, target))
+        elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+              and isinstance(node.args[0].value, str)
+              and (isinstance(node.func, ast.Attribute) and node.func.attr == "import_module"
+                   or isinstance(node.func, ast.Name) and node.func.id in ("import_module", "__import__"))):
+            found.append((node.lineno, node.args[0].value))
+    return found
+
+
+def forbidden_imports(module: str, source: str, is_package: bool = False) -> list[str]:
+    """The imports in ``source`` (of ``module``) that break its layer's rule, as readable lines."""
+    allowed = ALLOWED[module.partition(".")[0]]
+    return [f"{module}:{line} imports {name}" for line, name in imported_modules(module, source, is_package)
+            if name.partition(".")[0] in OURS - allowed]
+
+
+def _modules(layer: str):
+    for path in sorted((ROOT / layer).rglob("*.py")):
+        rel = path.relative_to(ROOT).with_suffix("")
+        is_package = rel.name == "__init__"
+        yield ".".join(rel.parent.parts if is_package else rel.parts), path, is_package
+
+
+@pytest.mark.parametrize("layer", sorted(ALLOWED))
+def test_each_layer_imports_only_what_its_rule_allows(layer):
+    modules = list(_modules(layer))
+    assert modules, f"no Python files under {layer}/"
+    violations = [v for module, path, is_package in modules
+                  for v in forbidden_imports(module, path.read_text(encoding="utf-8"), is_package)]
+    assert violations == []
+
+
+def test_every_top_level_package_has_a_rule():
+    packages = {p.parent.name for p in ROOT.glob("*/__init__.py")} - {"tests", "bench"}
+    assert packages == set(ALLOWED)
+
+
+@pytest.mark.parametrize("module, source, is_package, expected", [
+    # The six arrows issue 17 found, as they were.
+    ("pipeline.spark", "from proxy.usage_log import COLUMN_NAMES\n", False, ["pipeline.spark:1 imports proxy.usage_log"]),
+    ("pipeline.recommend", "from proxy.principal import ANONYMOUS\n", False,
+     ["pipeline.recommend:1 imports proxy.principal"]),
+    ("pipeline.kinds", "from proxy.filters.controller_mutation import STRICT_SINCE\n", False,
+     ["pipeline.kinds:1 imports proxy.filters.controller_mutation"]),
+    # Forms: plain import, inside a function, under TYPE_CHECKING, relative, importlib.
+    ("protocol.frames", "import quotas.rate\n", False, ["protocol.frames:1 imports quotas.rate"]),
+    ("quotas.rate", "def f():\n    from config import Config\n", False, ["quotas.rate:2 imports config"]),
+    ("quotas.entities", "if TYPE_CHECKING:\n    from usage.schema import OTHER\n", False,
+     ["quotas.entities:2 imports usage.schema"]),
+    ("config.loader", "from ..proxy import server\n", False, ["config.loader:1 imports proxy"]),
+    ("config", "from .. import pipeline\n", True, ["config:1 imports pipeline"]),
+    ("usage.schema", "import importlib\nimportlib.import_module('proxy.cli')\n", False,
+     ["usage.schema:2 imports proxy.cli"]),
+    ("pipeline.replay", "__import__('tests.support')\n", False, ["pipeline.replay:1 imports tests.support"]),
+    # Allowed: its own package (relative or not), what the rule lists, third-party names.
+    ("pipeline.report", "from . import demand\nfrom .spark import read_usage\nfrom config import load_config\n"
+     "from usage.schema import OTHER\nfrom quotas.entities import ANONYMOUS\nimport pyspark\n", False, []),
+    ("proxy.filters.sasl", "from ..principal import ANONYMOUS\nfrom pipeline import report\n", False, []),
+    ("protocol.apis", "from kafka.protocol.api_message import ApiMessage\nfrom .errors import ProtocolError\n",
+     False, []),
+    ("quotas", "from quotas.common import ADMIT\nfrom . import rate\n", True, []),
+])
+def test_the_checker_catches_a_planted_violation(module, source, is_package, expected):
+    assert forbidden_imports(module, source, is_package) == expected
+
+
+def test_the_pipeline_loads_neither_the_proxy_nor_asyncio_nor_prometheus_client():
+    modules = [m for m, _, _ in _modules("pipeline") if m != "pipeline"]
+    code = (f"import importlib, sys\nfor m in {modules!r}: importlib.import_module(m)\n"
+            "print(sorted(m for m in sys.modules if m.partition('.')[0] in ('proxy', 'asyncio', 'prometheus_client')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    assert out.strip() == "[]"
