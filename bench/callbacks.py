@@ -111,7 +111,8 @@ def measure(requests: int, workdir: Path) -> dict:
         pump = launcher.byte_pump(direct.address)
         proxy = launcher.our_proxy(direct.address)
         mids = {"byte-pump": pump, "kafka-quota-proxy": proxy}
-        for kind, frame in (("ApiVersions", clients.api_versions_frame(3)), ("Produce(1)", clients.produce_frame("rtt"))):
+        for kind, frame in (("ApiVersions", clients.api_versions_frame(3)),
+                            ("Produce(1)", clients.produce_frame("rtt"))):
             for out in outs.values():
                 out.unlink(missing_ok=True)
             addresses = {"direct": direct.address, **{name: p.address for name, p in mids.items()}}

@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from proxy.local_broker import candidate_port as free_port
 from proxy.local_broker import api_versions_ping, tansu_binary
+from proxy.local_broker import candidate_port as free_port
 from proxy.procnet import listening_inodes, socket_inodes
 
 REPO = Path(__file__).resolve().parent.parent

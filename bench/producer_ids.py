@@ -203,7 +203,8 @@ def throughput(
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="200,000 ids instead of 1,000,000; fewer probes and checks")
+    parser.add_argument("--quick", action="store_true",
+                        help="200,000 ids instead of 1,000,000; fewer probes and checks")
     args = parser.parse_args(argv)
     n = 200_000 if args.quick else 1_000_000
     probes = 50_000 if args.quick else 200_000

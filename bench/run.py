@@ -282,7 +282,8 @@ def one_round(s: Setup, plan: Plan, rnd: int, acc: dict, profile_dir: Path | Non
             acc.setdefault(f"produce_{label}", []).append(pd)
             acc.setdefault(f"consume_{label}", []).append(cd)
             parts.append(f"{label} produce {p.records_per_s:,.0f} rec/s, consume {c.records_per_s:,.0f} rec/s"
-                         + (f" (noisy: others used {max(pd['other_cpu_pct'], cd['other_cpu_pct']):.0f}% CPU)" if noisy else ""))
+                         + (f" (noisy: others used {max(pd['other_cpu_pct'], cd['other_cpu_pct']):.0f}% CPU)"
+                            if noisy else ""))
             if not noisy or attempt == 2 or not quiet.may_retry(time.monotonic() - t0):
                 break
     log(f"round {rnd + 1} {s.name}: " + "; ".join(parts))

@@ -1,7 +1,7 @@
 """YAML configuration, validated once into frozen dataclasses."""
 
-from .model import Config, ListenConfig, MetricsConfig, UpstreamConfig
 from .loader import ConfigError, load_config, parse_config
+from .model import Config, ListenConfig, MetricsConfig, UpstreamConfig
 
 __all__ = [
     "Config",

@@ -129,13 +129,16 @@ def _producer_id_quota(data: Any, path: str) -> ProducerIdQuota:
         producer_id_quota_window_size_seconds=_number(
             m, "producer_id_quota_window_size_seconds", path, d.producer_id_quota_window_size_seconds, 0.001
         ),
-        producer_id_quota_window_num=_int(m, "producer_id_quota_window_num", path, d.producer_id_quota_window_num, 1, 1000),
+        producer_id_quota_window_num=_int(
+            m, "producer_id_quota_window_num", path, d.producer_id_quota_window_num, 1, 1000
+        ),
         producer_id_quota_cache_layer_count=_int(
             m, "producer_id_quota_cache_layer_count", path, d.producer_id_quota_cache_layer_count, 1, 1000
         ),
         producer_id_quota_false_positive_rate=float(fpr),
         producer_id_quota_cache_cleanup_interval_ms=_int(
-            m, "producer_id_quota_cache_cleanup_interval_ms", path, d.producer_id_quota_cache_cleanup_interval_ms, 1, 3_600_000
+            m, "producer_id_quota_cache_cleanup_interval_ms", path, d.producer_id_quota_cache_cleanup_interval_ms,
+            1, 3_600_000
         ),
         reaction=reaction,
     )
@@ -240,7 +243,8 @@ def _quotas(data: Any, path: str) -> tuple[QuotaRule, ...]:
             values[kind] = float(v)
         if values.get(PRODUCER_IDS_RATE, 1) < 1:
             # A token is a whole producer id; a bucket of less than one never admits one.
-            raise ConfigError(f"{p}.producer_ids_rate", f"must be at least 1 (new producer ids per window), got {m[PRODUCER_IDS_RATE]!r}")
+            raise ConfigError(f"{p}.producer_ids_rate",
+                              f"must be at least 1 (new producer ids per window), got {m[PRODUCER_IDS_RATE]!r}")
         if not values:
             raise ConfigError(p, f"sets no quota (one of: {', '.join(sorted(ALL_KINDS))})")
         # KIP-936: producer_ids_rate is a user-level quota only.
@@ -324,7 +328,9 @@ def _connections(data: Any, path: str) -> ConnectionsConfig:
         connections_max_idle_ms=_int(m, "connections_max_idle_ms", path, d.connections_max_idle_ms, 1, day_ms),
         partial_request_timeout_ms=_int(m, "partial_request_timeout_ms", path, d.partial_request_timeout_ms, 1, day_ms),
         max_connections=_optional(m, "max_connections", path, d.max_connections, _int, 1, 2**31 - 1),
-        max_connections_per_ip=_optional(m, "max_connections_per_ip", path, d.max_connections_per_ip, _int, 0, 2**31 - 1),
+        max_connections_per_ip=_optional(
+            m, "max_connections_per_ip", path, d.max_connections_per_ip, _int, 0, 2**31 - 1
+        ),
         max_connections_per_ip_overrides=_per_ip(m, "max_connections_per_ip_overrides", path, _int, 0, 2**31 - 1),
         max_connection_creation_rate=_optional(
             m, "max_connection_creation_rate", path, d.max_connection_creation_rate, _number, 0.001),

@@ -102,7 +102,8 @@ def write_report(out: Path, *, title: str, summary: list[str], headlines: list[s
     parts += [f"<p><img src='{html.escape(p.relative_to(out).as_posix())}' alt='{html.escape(p.stem)}'></p>"
               for p in charts]
     for heading, csv_name, pdf in tables:
-        parts.append(f"<h2>{html.escape(heading)}</h2><p><a href='{html.escape(csv_name)}'>{html.escape(csv_name)}</a></p>")
+        parts.append(f"<h2>{html.escape(heading)}</h2>"
+                     f"<p><a href='{html.escape(csv_name)}'>{html.escape(csv_name)}</a></p>")
         parts.append(_table(pdf))
     parts.append("<h2>Recommended quotas</h2><p><a href='recommended-quotas.yaml'>recommended-quotas.yaml</a></p>")
     parts.append(f"<pre>{html.escape(recommended_yaml)}</pre></body></html>")

@@ -28,8 +28,14 @@ import yaml
 from config.engines import producer_id_manager_for, quota_manager_for
 from config.loader import parse_config
 from quotas.common import (
-    CONSUMER_BYTE_RATE, CONSUMER_RECORD_RATE, CONTROLLER_MUTATION_RATE, PRODUCER_BATCH_RATE,
-    PRODUCER_BYTE_RATE, PRODUCER_IDS_RATE, PRODUCER_RECORD_RATE, REQUEST_RATE,
+    CONSUMER_BYTE_RATE,
+    CONSUMER_RECORD_RATE,
+    CONTROLLER_MUTATION_RATE,
+    PRODUCER_BATCH_RATE,
+    PRODUCER_BYTE_RATE,
+    PRODUCER_IDS_RATE,
+    PRODUCER_RECORD_RATE,
+    REQUEST_RATE,
 )
 from usage.schema import OTHER
 

@@ -129,20 +129,23 @@ def run_report(opts: Options, spark=None) -> Outputs:
                               F.max("interval_start").alias("hi"),
                               F.countDistinct("user", "client_id").alias("principals")).first()
             if not stats.rows:
-                raise UsageError(f"no usage rows in {opts.usage}" + (" between --since and --until" if since or until else ""))
+                raise UsageError(f"no usage rows in {opts.usage}"
+                                 + (" between --since and --until" if since or until else ""))
             result.rows = stats.rows
 
         with progress.step("demand", "demand per principal and interval; percentiles, throttling, top talkers"):
             intervals = demand.interval_demand(usage).cache()
             pid_windows = demand.producer_id_windows(usage, window_s).cache()
-            percentiles = demand.demand_percentiles(intervals, pid_windows, QUANTILES).orderBy("kind", "user", "client_id").toPandas()
+            percentiles = demand.demand_percentiles(intervals, pid_windows, QUANTILES) \
+                .orderBy("kind", "user", "client_id").toPandas()
             throttled = demand.throttling(intervals).orderBy(F.desc("throttle_time_ms"), "user", "client_id").toPandas()
             talkers = demand.top_talkers(intervals, opts.top).toPandas()
             result.files["demand"] = _csv(percentiles, out / "demand.csv")
             result.files["throttling"] = _csv(throttled, out / "throttling.csv")
             result.files["top_talkers"] = _csv(talkers, out / "top_talkers.csv")
 
-        with progress.step("recommend", f"recommending quotas (admit {opts.share:g} of demand, {opts.headroom:.0%} headroom)"):
+        with progress.step("recommend",
+                           f"recommending quotas (admit {opts.share:g} of demand, {opts.headroom:.0%} headroom)"):
             recommended = recommendations(intervals, pid_windows, opts.share, opts.headroom, measured_over_s) \
                 .orderBy("user", "client_id", "kind").toPandas()
             result.files["recommended"] = _csv(recommended, out / "recommended.csv")
@@ -158,7 +161,10 @@ def run_report(opts: Options, spark=None) -> Outputs:
 
         replayed = None
         if opts.replay:
-            with progress.step("replay", f"replaying {'the candidate ' + str(opts.candidate) if opts.candidate else 'the recommended quotas'}"):
+            with progress.step(
+                "replay",
+                f"replaying {'the candidate ' + str(opts.candidate) if opts.candidate else 'the recommended quotas'}"
+            ):
                 replayed = replay(usage, candidate_text or text, opts.max_events) \
                     .orderBy("proxy", "user", "client_id", "kind").toPandas()
                 result.files["replay"] = _csv(replayed, out / "replay.csv")

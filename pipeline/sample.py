@@ -13,8 +13,19 @@ import pyarrow.parquet as pq
 
 from usage.schema import SCHEMA_VERSION, arrow_schema
 
-from .generate import (CREATE_TOPICS, FETCH, INIT_PRODUCER_ID, NOISY, PRODUCE, RESTART_EVERY_S, RESTARTS, STORM,
-                       STORM_PARTITIONS, STORM_SECONDS, STORM_TOPICS)
+from .generate import (
+    CREATE_TOPICS,
+    FETCH,
+    INIT_PRODUCER_ID,
+    NOISY,
+    PRODUCE,
+    RESTART_EVERY_S,
+    RESTARTS,
+    STORM,
+    STORM_PARTITIONS,
+    STORM_SECONDS,
+    STORM_TOPICS,
+)
 
 
 def write_usage(out: str | Path, principals: int, hours: float, interval_s: int, start: datetime | None,
@@ -49,7 +60,8 @@ def write_usage(out: str | Path, principals: int, hours: float, interval_s: int,
             }
             table = pa.Table.from_arrays([pa.array(arrays[f.name], type=f.type) for f in schema], schema=schema)
             t = datetime.fromtimestamp(hour_start, timezone.utc)
-            path = Path(out) / f"date={t:%Y-%m-%d}" / f"hour={t:%H}" / f"usage-{hour_start}-proxy-{proxy}-generated.parquet"
+            path = (Path(out) / f"date={t:%Y-%m-%d}" / f"hour={t:%H}"
+                    / f"usage-{hour_start}-proxy-{proxy}-generated.parquet")
             path.parent.mkdir(parents=True, exist_ok=True)
             pq.write_table(table, path, compression="zstd")
             rows += n
@@ -103,7 +115,8 @@ def _rows(starts, user, client_id, api_key, requests, request_bytes, response_by
         return np.broadcast_to(np.asarray(v, dtype=dtype), (n,)).copy()
 
     return {
-        "interval_start": starts, "user": np.full(n, user, dtype=object), "client_id": np.full(n, client_id, dtype=object),
+        "interval_start": starts, "user": np.full(n, user, dtype=object),
+        "client_id": np.full(n, client_id, dtype=object),
         "api_key": full(api_key, np.int16), "requests": full(requests), "request_bytes": full(request_bytes),
         "response_bytes": full(response_bytes), "records": full(records), "batches": full(batches),
         "partition_mutations": full(mutations), "new_producer_ids": full(new_ids),

@@ -81,7 +81,8 @@ def _check_local(directory: str) -> None:
     root = Path(directory.removeprefix("file://"))
     if not root.is_dir():
         raise UsageError(f"usage directory {directory} does not exist or is not a directory")
-    files = (p for p in root.rglob("*.parquet") if not any(part.startswith((".", "_")) for part in p.relative_to(root).parts))
+    files = (p for p in root.rglob("*.parquet")
+             if not any(part.startswith((".", "_")) for part in p.relative_to(root).parts))
     if next(files, None) is None:
         raise UsageError(f"no usage log files (*.parquet) under {directory}: is usage_log.directory right, "
                          "and has the proxy run for one interval?")
@@ -105,7 +106,8 @@ def read_usage(spark, directory: str, since: datetime | None = None, until: date
         bad = (df.where(F.col("schema_version").isNull() | (F.col("schema_version") != SCHEMA_VERSION))
                  .select(F.input_file_name().alias("file"), F.col("schema_version")).distinct().limit(5).collect())
     if bad:
-        listed = "; ".join(f"{r.file} (schema_version {r.schema_version if r.schema_version is not None else 'missing'})"
+        listed = "; ".join(f"{r.file} (schema_version "
+                           f"{r.schema_version if r.schema_version is not None else 'missing'})"
                            for r in bad)
         raise UsageError(f"usage log files of an unknown schema version (this report reads version "
                          f"{SCHEMA_VERSION}): {listed}")

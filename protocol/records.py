@@ -9,7 +9,8 @@ compressed legacy wrapper counts as one (its inner messages are inside the compr
 from __future__ import annotations
 
 from collections.abc import Iterator
-from struct import Struct, error as StructError
+from struct import Struct
+from struct import error as StructError
 from typing import NamedTuple
 
 from .errors import ProtocolError
@@ -89,7 +90,9 @@ def batch_headers(buf, start: int = 0, end: int | None = None, *, partial_tail: 
             )
             if count < 0:
                 raise RecordsError(f"batch at {pos}: negative record count {count}")
-            yield BatchHeader(pos, base_offset, length, 2, attributes, producer_id, producer_epoch, base_sequence, count)
+            yield BatchHeader(
+                pos, base_offset, length, 2, attributes, producer_id, producer_epoch, base_sequence, count
+            )
         elif magic in _LEGACY_MIN_SIZE:
             if length < _LEGACY_MIN_SIZE[magic]:
                 raise RecordsError(f"message at {pos}: size {length} is shorter than a magic {magic} message")

@@ -20,8 +20,8 @@ from struct import error as struct_error
 from typing import TYPE_CHECKING
 
 from protocol.apis import FIRST_FLEXIBLE_VERSION, ApiKey, api_name
-from protocol.frames import FrameError, FrameReader
 from protocol.errors import ProtocolError
+from protocol.frames import FrameError, FrameReader
 from protocol.headers import HeaderError, parse_request_header, response_correlation_id
 from protocol.produce import produce_acks
 from protocol.throttle import with_throttle
@@ -506,7 +506,8 @@ class ClientConnection(asyncio.Protocol):
         elif isinstance(decision, Close):
             self._reject("filter_close", decision.reason)
         else:
-            raise FilterContractError(f"a request filter decided {type(decision).__name__} on {api_name(header.api_key)} "
+            raise FilterContractError(f"a request filter decided {type(decision).__name__} on "
+                                      f"{api_name(header.api_key)} "
                                       f"(expected Forward, Answer, Close, Defer or None)")
 
     def _forward(self, header, frame, entry: InFlight, out: list) -> None:
@@ -602,7 +603,8 @@ class ClientConnection(asyncio.Protocol):
             try:
                 session.claimed_principal = principal_from_client_token(session.sasl_mechanism or "", bytes(frame))
             except (SaslError, UnicodeDecodeError) as exc:
-                self.server.guard.log("sasl_token", logging.WARNING, "cannot read principal from raw SASL token on %s: %s",
+                self.server.guard.log("sasl_token", logging.WARNING,
+                                      "cannot read principal from raw SASL token on %s: %s",
                                       self.label, exc, logger=log)
         entry = InFlight(-1, ApiKey.SASL_AUTHENTICATE, -1, time.monotonic())
         entry.raw = True
@@ -740,7 +742,8 @@ class ClientConnection(asyncio.Protocol):
             self._arm()
             self._account()
             return
-        self.server.guard.log("broker_unreachable_final", logging.ERROR, "giving up on %s: no broker reachable after %d "
+        self.server.guard.log("broker_unreachable_final", logging.ERROR,
+                              "giving up on %s: no broker reachable after %d "
                               "attempts", self.label, cfg.connect_attempts, logger=log)
         self._close()
 

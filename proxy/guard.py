@@ -188,12 +188,14 @@ class GuardCollector(Collector):
 
     def collect(self) -> Iterator:
         g = self._guard
-        closed = CounterMetricFamily("kqp_connections_closed", "Client connections the proxy closed or refused, by reason",
+        closed = CounterMetricFamily("kqp_connections_closed",
+                                     "Client connections the proxy closed or refused, by reason",
                                      labels=["reason"])
         for reason, n in sorted(g.closed.items()):
             closed.add_metric([reason], n)
         yield closed
-        yield CounterMetricFamily("kqp_connections_accepted_later", "Connections delayed by max_connection_creation_rate",
+        yield CounterMetricFamily("kqp_connections_accepted_later",
+                                  "Connections delayed by max_connection_creation_rate",
                                   value=g.delayed_total)
         yield GaugeMetricFamily("kqp_memory_held_bytes", "Bytes client connections hold in partial frames and waiting "
                                 "requests", value=g.pool.held_bytes)

@@ -203,7 +203,9 @@ class LeaderCollector(Collector):
             "kqp_uplifted_requests", "Requests sent to the broker one version lower than the client used",
             "api", s.uplifted_requests,
         )
-        yield GaugeMetricFamily("kqp_metadata_cache_partitions", "Partitions in the leader cache", value=len(self._cache))
+        yield GaugeMetricFamily(
+            "kqp_metadata_cache_partitions", "Partitions in the leader cache", value=len(self._cache)
+        )
         age = self._cache.age_s(time.monotonic())
         yield GaugeMetricFamily(
             "kqp_metadata_cache_age_seconds", "Seconds since the leader cache last changed (-1: never)",

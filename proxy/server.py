@@ -22,22 +22,22 @@ from .cluster import Cluster
 from .connection import ClientConnection
 from .filters import FilterChain
 from .filters.api_versions import ApiVersionsFilter
-from .filters.endpoints import EndpointRewriteFilter
-from .filters.sasl import SaslFilter
-from .http import MetricsEndpoint
-from .leaders import ExpeditedRefresher, LeaderCache, LeaderCollector
-from .refresh import refresh_once
 from .filters.controller_mutation import ControllerMutationFilter
+from .filters.endpoints import EndpointRewriteFilter
 from .filters.leaders import LeaderHintFilter, UpliftFilter
 from .filters.limiters import RateLimiterFilter
 from .filters.producer_ids import ProducerIdQuotaFilter
 from .filters.quotas import RateQuotaFilter, now_ms
+from .filters.sasl import SaslFilter
 from .filters.usage import UsageFilter
 from .guard import ConnectionGuard, GuardCollector
-from .readiness import Readiness
-from .topics import TopicCache
+from .http import MetricsEndpoint
+from .leaders import ExpeditedRefresher, LeaderCache, LeaderCollector
 from .quota_metrics import ProducerIdCollector, QuotaCollector
+from .readiness import Readiness
+from .refresh import refresh_once
 from .stats import ProxyStats, StatsCollector
+from .topics import TopicCache
 from .usage_log import UsageLog, UsageLogCollector
 
 log = logging.getLogger(__name__)
@@ -109,7 +109,8 @@ class ProxyServer:
         self.limiters = rate_limiters_for(config, self.quotas)
         self.producer_id_filter = ProducerIdQuotaFilter(self.producer_ids, config.producer_id_quota.reaction)
         self.limiter_filter = RateLimiterFilter(self.limiters)
-        self.registry.register(ProducerIdCollector(self.producer_ids, self.producer_id_filter, self.limiter_filter, now_ms))
+        self.registry.register(ProducerIdCollector(self.producer_ids, self.producer_id_filter, self.limiter_filter,
+                                                   now_ms))
         self.topics = TopicCache()
         self.producer_id_observer: ProducerIdObserver | None = None  # with the usage log only
         self.usage, usage_filter = self._usage_log(config)

@@ -1,7 +1,8 @@
 """Decisions, filter interfaces and the per-API chain.
 
 A request filter sees the parsed header, the raw frame and the request's in-flight entry (where
-it may note a throttle) and returns ``None`` (pass on to the next filter, then forward), :class:`Forward` with rewritten bytes, :class:`Answer` (the proxy
+it may note a throttle) and returns ``None`` (pass on to the next filter, then forward),
+:class:`Forward` with rewritten bytes, :class:`Answer` (the proxy
 responds itself) or :class:`Close`. A response filter returns the frame to send on (the same
 object when it changed nothing), or :class:`Hold`. Frames here never include the 4-byte size
 prefix; only ``on_response_chunk`` (below) sees and returns whole chunks, prefix included.

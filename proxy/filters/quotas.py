@@ -9,8 +9,9 @@ import time
 from protocol.apis import ApiKey
 from protocol.fetch import cap_fetch_bytes, fetch_session, throttled_fetch_body
 from protocol.headers import response_body_offset
-from .base import Forward
 from quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, REQUEST_RATE, QuotaManager
+
+from .base import Forward
 
 
 def now_ms() -> int:

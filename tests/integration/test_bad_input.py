@@ -10,9 +10,9 @@ import time
 import pytest
 
 from protocol import errors
-from tests.support.tansu import TansuBroker as LocalTansu
 from tests.support.inproc import InProcessProxy
 from tests.support.raw_broker import RawBroker
+from tests.support.tansu import TansuBroker as LocalTansu
 from tests.support.wire import api_versions, is_closed, read_frame, request_bytes
 
 pytestmark = pytest.mark.integration

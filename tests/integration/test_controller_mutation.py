@@ -26,8 +26,7 @@ import time
 import uuid
 
 import pytest
-from confluent_kafka import KafkaError
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka import KafkaAdminClient
 from kafka.errors import NodeNotReadyError, RetriableError, ThrottlingQuotaExceededError
@@ -155,7 +154,8 @@ def samples(proxy) -> list:
 def tokens(proxy, client_id: str) -> float:
     """kqp_quota_tokens for (ANONYMOUS, client_id); fails if the entity has no bucket."""
     found = [s.value for s in samples(proxy)
-             if s.name == "kqp_quota_tokens" and s.labels == {"kind": KIND, "user": "ANONYMOUS", "client_id": client_id}]
+             if s.name == "kqp_quota_tokens"
+             and s.labels == {"kind": KIND, "user": "ANONYMOUS", "client_id": client_id}]
     assert found, f"no token bucket for client id {client_id!r}"
     return found[0]
 

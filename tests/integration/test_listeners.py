@@ -8,8 +8,8 @@ import struct
 import pytest
 from kafka.protocol.metadata import MetadataRequest, MetadataResponse
 
-from tests.support.tansu import TansuBroker as LocalTansu
 from tests.support.inproc import InProcessProxy
+from tests.support.tansu import TansuBroker as LocalTansu
 from tests.support.wire import api_versions, read_frame, request_bytes
 
 pytestmark = pytest.mark.integration

@@ -257,7 +257,8 @@ def test_acks_0_produce_over_the_quota_closes_the_connection(proxy):
         host, port = p.address
         with socket.create_connection((host, port), timeout=5) as sock:
             for correlation_id, pid in ((1, 1001), (2, 1001), (3, 1002)):
-                frame = bytearray(produce_frame(9, {topic: {0: batch(1, pid=pid, epoch=0, seq=correlation_id - 1)}}, acks=0))
+                frame = bytearray(produce_frame(9, {topic: {0: batch(1, pid=pid, epoch=0, seq=correlation_id - 1)}},
+                                                acks=0))
                 frame[4:8] = correlation_id.to_bytes(4, "big")
                 sock.sendall(len(frame).to_bytes(4, "big") + frame)
             assert is_closed(sock), "the proxy kept the connection of a rejected acks=0 produce"

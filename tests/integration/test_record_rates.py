@@ -218,9 +218,11 @@ def test_connector_glob_holds_each_task_to_its_own_record_rate(broker, proxy):
     offering twice the bound at a steady pace."""
     orders = ["connector-producer-orders-0", "connector-producer-orders-1"]
     billing = "connector-producer-billing-0"
-    p = start_proxy(proxy, broker, [{"client_id": "connector-producer-orders-*", "producer_record_rate": CONNECTOR_QUOTA}])
+    p = start_proxy(proxy, broker,
+                    [{"client_id": "connector-producer-orders-*", "producer_record_rate": CONNECTOR_QUOTA}])
     before = p.metrics()
-    tasks = [GreedyKafkaPython(p.bootstrap, cid, fresh_topic(broker, cid), RECORD_VALUE, batch_size=4096, run_s=SHORT_RUN_S)
+    tasks = [GreedyKafkaPython(p.bootstrap, cid, fresh_topic(broker, cid), RECORD_VALUE, batch_size=4096,
+                               run_s=SHORT_RUN_S)
              for cid in orders]
     billing_topic = fresh_topic(broker, billing)
     billing_delivered = Deliveries()
@@ -322,7 +324,8 @@ def test_custom_limiter_by_dotted_path_and_the_longest_throttle_applies_once(bro
     calls_file = tmp_path / "pause-calls.jsonl"
     p = start_proxy(proxy, broker, [{"client_id": "paused-*", "producer_record_rate": quota}], rate_limiters=[
         *BUILT_IN,
-        {"class": PAUSE_LIMITER, "config": {"client_id": "paused-*", "pause_ms": pause_ms, "calls_file": str(calls_file)}},
+        {"class": PAUSE_LIMITER,
+         "config": {"client_id": "paused-*", "pause_ms": pause_ms, "calls_file": str(calls_file)}},
     ])
     topic = fresh_topic(broker, "paused")
     before = p.metrics()
@@ -438,7 +441,8 @@ def test_a_failing_limiter_is_counted_and_logged_and_the_connection_kept(broker,
 # -- check-config ------------------------------------------------------------------------------
 
 
-def _check_config(tmp_path: Path, name: str, config: dict, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+def _check_config(tmp_path: Path, name: str, config: dict,
+                  env_extra: dict | None = None) -> subprocess.CompletedProcess:
     path = tmp_path / name
     path.write_text(yaml.safe_dump(config))
     script = Path(sys.executable).with_name("kafka-quota-proxy")

@@ -157,10 +157,12 @@ def test_a_config_cut_short_by_a_write_in_place_never_drops_the_quota(broker, pr
         reloaded = _wait_for_log(p, r"reloaded: 2 quota entries")
         time.sleep(0.5)
         rate = rate_in_window(producer.events, written, time.monotonic())
-        print(f"\nwrite A applied {reloaded - written:.2f} s after it began; producer at {rate / QUOTA:.2f} x its quota")
+        print(f"\nwrite A applied {reloaded - written:.2f} s after it began; "
+              f"producer at {rate / QUOTA:.2f} x its quota")
         assert rate < 1.5 * QUOTA, f"the producer ran at {rate / QUOTA:.1f} x its quota during the write"
         assert _lines(p, "reload removes|refused") == []
-        assert len(_lines(p, r'level=INFO .*msg="reload changes request_rate of client_id=other-app from 100 to 200"')) == 1
+        assert len(_lines(
+            p, r'level=INFO .*msg="reload changes request_rate of client_id=other-app from 100 to 200"')) == 1
         assert _bound(p) == QUOTA
 
         # B. A rename that really removes an entry: applied, the entity named at WARNING.

@@ -16,7 +16,8 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 from kafka.structs import TopicPartition
 
 from proxy import procnet
-from proxy.local_broker import TANSU_VERSION, api_versions_ping as api_versions_round_trip, tansu_version
+from proxy.local_broker import TANSU_VERSION, tansu_version
+from proxy.local_broker import api_versions_ping as api_versions_round_trip
 from tests.support.relay import RelayedConnection
 
 pytestmark = pytest.mark.integration

@@ -16,7 +16,8 @@ from proxy.server import ProxyServer
 class InProcessProxy:
     def __init__(self, bootstrap_servers: list[str], **sections) -> None:
         raw = {
-            "upstream": {"bootstrap_servers": bootstrap_servers, "connect_timeout_s": 2, **sections.pop("upstream", {})},
+            "upstream": {"bootstrap_servers": bootstrap_servers, "connect_timeout_s": 2,
+                         **sections.pop("upstream", {})},
             "listen": {"bootstrap_port": 0, "broker_port_base": 0, **sections.pop("listen", {})},
             "metrics": {"port": 0, **sections.pop("metrics", {})},
             **sections,

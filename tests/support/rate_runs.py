@@ -238,7 +238,8 @@ class GreedyKafkaPython:
         return rate_in_window(self.batch_acks, self.start + WARMUP_S, self.end)
 
 
-def consume_for(consumer, seconds: float, value: bytes) -> tuple[float, float, list[tuple[float, int]], list[int], float]:
+def consume_for(consumer, seconds: float,
+                value: bytes) -> tuple[float, float, list[tuple[float, int]], list[int], float]:
     """Polls a kafka-python consumer for ``seconds``, each record's value checked against
     ``value``: (start, end, [(instant, records)], offsets, its throttle-time-max)."""
     received: list[tuple[float, int]] = []

@@ -39,7 +39,6 @@ from protocol.apis import SPECS, ApiKey
 from protocol.frames import FrameError, FrameReader, frame
 from protocol.headers import HeaderError, encode_response_header, parse_request_header, response_header_is_flexible
 from protocol.messages import DecodeError, decode_request, encode_body
-
 from tests.support.scripted_handlers import HANDLERS, UNSUPPORTED_VERSION, default_api_versions
 
 

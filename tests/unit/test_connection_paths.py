@@ -201,7 +201,8 @@ def scenario() -> list[bytes]:
 def big_produce(correlation_id: int, client_id: str | None) -> bytes:
     """A Produce v8 (acks=1) of 244-odd bytes; its records are not a real batch (never read)."""
     R = ProduceRequest[8]
-    data = R.TopicProduceData(name="t", partition_data=[R.TopicProduceData.PartitionProduceData(index=0, records=b"x" * 200)])
+    data = R.TopicProduceData(name="t",
+                              partition_data=[R.TopicProduceData.PartitionProduceData(index=0, records=b"x" * 200)])
     return request(R(acks=1, timeout_ms=1000, transactional_id=None, topic_data=[data]), correlation_id, client_id)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import struct
 
 import pytest
+
 from protocol.messages import DecodeError, decode_request
 
 

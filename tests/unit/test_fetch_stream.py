@@ -27,7 +27,8 @@ MOVED = 6  # NOT_LEADER_OR_FOLLOWER
 VERSION = 16
 
 
-def fetch_response(correlation_id: int, partitions=((0, 5000),), endpoints: bool = False, moved_hint: bool = True) -> bytes:
+def fetch_response(correlation_id: int, partitions=((0, 5000),), endpoints: bool = False,
+                   moved_hint: bool = True) -> bytes:
     """A framed FetchResponse v16 of one topic: (error code, bytes of records) per partition."""
     R = FetchResponse
     P = R.FetchableTopicResponse.PartitionData
@@ -38,7 +39,8 @@ def fetch_response(correlation_id: int, partitions=((0, 5000),), endpoints: bool
             P, VERSION, partition_index=i, error_code=code, high_watermark=10, last_stable_offset=10,
             log_start_offset=0, aborted_transactions=[], preferred_read_replica=-1,
             records=bytes(range(256)) * (size // 256) + b"\x01" * (size % 256),
-            current_leader=make(P.LeaderIdAndEpoch, VERSION, leader_id=3, leader_epoch=4) if moved and moved_hint else None,
+            current_leader=(make(P.LeaderIdAndEpoch, VERSION, leader_id=3, leader_epoch=4)
+                            if moved and moved_hint else None),
         ))
     topic = make(R.FetchableTopicResponse, VERSION, topic="t", topic_id=TOPIC_ID, partitions=parts)
     nodes = [make(R.NodeEndpoint, VERSION, node_id=3, host="b3.internal", port=9094, rack=None)] if endpoints else []

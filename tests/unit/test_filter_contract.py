@@ -44,7 +44,8 @@ def test_a_request_filter_that_returns_bytes_closes_its_connection(caplog):
             pair.conn.data_received(list_offsets(1, "app"))
         assert pair.client.closed and pair.requests_seen_by_broker() == []
         assert pair.server.stats.frames_rejected["filter_error"] == 1
-        assert any("a request filter decided bytes on ListOffsets" in r.getMessage() for r in caplog.records), caplog.text
+        assert any("a request filter decided bytes on ListOffsets" in r.getMessage()
+                   for r in caplog.records), caplog.text
 
     asyncio.run(go())
 

@@ -16,10 +16,10 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.http import HttpLimits, MetricsEndpoint, exposition_steps
+from proxy.quota_metrics import QuotaCollector
 from proxy.readiness import Readiness
 from proxy.stats import ProxyStats, StatsCollector, run_to_end
 from quotas import QuotaManager, QuotaRule
-from proxy.quota_metrics import QuotaCollector
 
 # Short lingering after an error answer keeps the tests quick; every other limit is the default.
 LIMITS = HttpLimits(linger_s=0.3)

@@ -95,7 +95,8 @@ def test_every_top_level_package_has_a_rule():
 
 @pytest.mark.parametrize("module, source, is_package, expected", [
     # The six arrows issue 17 found, as they were.
-    ("pipeline.spark", "from proxy.usage_log import COLUMN_NAMES\n", False, ["pipeline.spark:1 imports proxy.usage_log"]),
+    ("pipeline.spark", "from proxy.usage_log import COLUMN_NAMES\n", False,
+     ["pipeline.spark:1 imports proxy.usage_log"]),
     ("pipeline.recommend", "from proxy.principal import ANONYMOUS\n", False,
      ["pipeline.recommend:1 imports proxy.principal"]),
     ("pipeline.kinds", "from proxy.filters.controller_mutation import STRICT_SINCE\n", False,

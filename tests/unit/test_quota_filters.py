@@ -39,7 +39,8 @@ def request(frame: bytes):
 
 
 def pid_frame(pid: int, version: int = 9, acks: int = -1) -> bytes:
-    return produce_frame(version, {"orders": {0: batch(2, pid=pid, epoch=0, seq=0), 1: batch(1, pid=pid, epoch=0, seq=0)}},
+    return produce_frame(version, {"orders": {0: batch(2, pid=pid, epoch=0, seq=0),
+                                              1: batch(1, pid=pid, epoch=0, seq=0)}},
                          acks=acks)
 
 
@@ -68,7 +69,8 @@ def test_a_new_producer_id_over_the_quota_is_rejected_on_every_partition(version
     body = memoryview(decision.frame)[response_body_offset(decision.frame, 0, version):]
     resp = decode_response(0, version, body)
     assert resp.throttle_time_ms == throttle
-    assert [(t.name, [(p.index, p.error_code, p.base_offset) for p in t.partition_responses]) for t in resp.responses] == [
+    assert [(t.name, [(p.index, p.error_code, p.base_offset) for p in t.partition_responses])
+            for t in resp.responses] == [
         ("orders", [(0, 89, -1), (1, 89, -1)])]
     assert int.from_bytes(decision.frame[:4], "big") == header.correlation_id
     # Nothing was remembered: after the throttle the same id is admitted, as new.

@@ -59,7 +59,8 @@ def scan(frame: bytes, version: int):
 @pytest.mark.parametrize("codec", [NONE, GZIP])
 def test_produce_request_batches_counted_and_producer_ids_found(version, codec):
     frame = produce_frame(version, {
-        "orders": {0: batch(5, codec=codec, pid=4001, epoch=2, seq=10), 3: batch(2, codec=codec, pid=4001, epoch=2, seq=0)},
+        "orders": {0: batch(5, codec=codec, pid=4001, epoch=2, seq=10),
+                   3: batch(2, codec=codec, pid=4001, epoch=2, seq=0)},
         "audit": {1: batch(7, codec=codec, pid=99, epoch=0, seq=0, transactional=True), 2: None},
     }, acks=1, txn="txn-é" if version >= 3 else None)
     s = scan(frame, version)
@@ -92,11 +93,13 @@ def test_not_idempotent_batches_have_no_producer_id():
 
 
 def test_several_batches_in_one_record_set_are_all_walked():
-    records = batch(2, pid=1, epoch=0, seq=0) + batch(3, pid=2, epoch=0, seq=0, offset=2) + batch(1, pid=1, epoch=0, seq=2, offset=5)
+    records = (batch(2, pid=1, epoch=0, seq=0) + batch(3, pid=2, epoch=0, seq=0, offset=2)
+               + batch(1, pid=1, epoch=0, seq=2, offset=5))
     s = scan(produce_frame(11, {"t": {0: records}}), 11)
     assert (s.batches, s.records, s.producer_ids) == (3, 6, (1, 2))
     headers = list(batch_headers(records))
-    assert [h.position for h in headers] == [0, len(batch(2, pid=1, epoch=0, seq=0)), len(records) - len(batch(1, pid=1, epoch=0, seq=2))]
+    assert [h.position for h in headers] == [0, len(batch(2, pid=1, epoch=0, seq=0)),
+                                             len(records) - len(batch(1, pid=1, epoch=0, seq=2))]
     assert [h.base_sequence for h in headers] == [0, 0, 2]
     assert all(h.magic == 2 and h.compression == NONE for h in headers)
 
@@ -151,7 +154,8 @@ def fetch_frame(version: int, records: bytes | None) -> bytes:
     T = R.FetchableTopicResponse
     P = T.PartitionData
     part = make(P, version, partition_index=0, error_code=0, high_watermark=50, last_stable_offset=48,
-                log_start_offset=0, aborted_transactions=[make(P.AbortedTransaction, version, producer_id=4, first_offset=1)],
+                log_start_offset=0,
+                aborted_transactions=[make(P.AbortedTransaction, version, producer_id=4, first_offset=1)],
                 preferred_read_replica=-1, records=records)
     empty = make(P, version, partition_index=1, error_code=0, high_watermark=0, last_stable_offset=0,
                  log_start_offset=0, aborted_transactions=None, preferred_read_replica=-1, records=None)

@@ -31,7 +31,8 @@ def server(**sections) -> ProxyServer:
 def test_reload_adds_a_limiter_so_a_new_record_quota_is_enforced():
     s = server(rate_limiters=["quotas.limiters:BatchRateLimiter"])
     assert s.limiter_filter._by_key == {}
-    s.reload(parse_config({**BASE, "rate_limiters": ["quotas.limiters:BatchRateLimiter", "quotas.limiters:RecordRateLimiter"],
+    s.reload(parse_config({**BASE, "rate_limiters": ["quotas.limiters:BatchRateLimiter",
+                                                     "quotas.limiters:RecordRateLimiter"],
                            "quotas": [{"client_id": "x", "producer_record_rate": 10}],
                            "producer_id_quota": {"reaction": "delay"}}))
     assert [type(lim) for lim in s.limiters] == [BatchRateLimiter, RecordRateLimiter]

@@ -79,7 +79,8 @@ def fetch_body(v, *, errors_by_topic=((0, 74), (0,)), endpoints=True, throttle=T
     node_endpoints = [make(R.NodeEndpoint, v, node_id=3, host="b3.internal", port=9094, rack="r")]
     node_endpoints = node_endpoints if endpoints else []
     return encode_body(
-        make(R, v, throttle_time_ms=throttle, error_code=0, session_id=9, responses=topics, node_endpoints=node_endpoints)
+        make(R, v, throttle_time_ms=throttle, error_code=0, session_id=9, responses=topics,
+             node_endpoints=node_endpoints)
     )
 
 

@@ -5,7 +5,16 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 
 from protocol.apis import SPECS
-from proxy.stats import LATENCY_BUCKETS_S, SLOT_KEYS, SLOT_VERSIONS, LatencyByApi, LatencyHistogram, ProxyStats, StatsCollector, VersionCounts
+from proxy.stats import (
+    LATENCY_BUCKETS_S,
+    SLOT_KEYS,
+    SLOT_VERSIONS,
+    LatencyByApi,
+    LatencyHistogram,
+    ProxyStats,
+    StatsCollector,
+    VersionCounts,
+)
 
 
 def test_every_api_the_proxy_knows_has_count_slots():
