@@ -1,5 +1,6 @@
 # The single source for setting up and running kafka-quota-proxy on a Debian/Ubuntu machine.
-#   make test    install into .venv (and kcat, Java 17 via apt-get when run as root), lint (ruff), run every test
+#   make test    install into .venv (and kcat, Java 17 via apt-get when run as root), lint (ruff), type-check
+#                (mypy), run every test
 #   make demo    install, start a local broker (Tansu) with the proxy in front and use it
 #   make bench   install, run the benchmarks (bench/README.md)
 # Override the interpreter with PYTHON=python3.12, pass arguments with DEMO_ARGS / BENCH_ARGS.
@@ -55,6 +56,7 @@ java:
 
 test: install
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 	$(VPY) -m pytest -q -ra
 
 demo: install

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import ipaddress
 import math
+from collections.abc import Callable
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -30,6 +31,8 @@ from .model import (
     UpstreamConfig,
     UsageLogConfig,
 )
+
+_T = TypeVar("_T")  # what a reader (_int, _number) returns
 
 _SECTIONS = {
     "upstream", "listen", "metrics", "quota_windows", "quota_entities", "quotas",
@@ -150,10 +153,10 @@ def _rate_limiters(data: Any, path: str) -> tuple[RateLimiterSpec, ...]:
         return DEFAULT_RATE_LIMITERS
     if not isinstance(data, list):
         raise ConfigError(path, f"must be a list of package.module:ClassName, got {data!r}")
-    specs = []
+    specs: list[RateLimiterSpec] = []
     for i, entry in enumerate(data):
         p = f"{path}[{i}]"
-        settings: dict = {}
+        settings: dict[str, Any] = {}
         if isinstance(entry, dict):
             m = _mapping(entry, p, {"class", "config"})
             if "class" not in m:
@@ -223,7 +226,8 @@ def _quotas(data: Any, path: str) -> tuple[QuotaRule, ...]:
     if not isinstance(data, list):
         raise ConfigError(path, f"must be a list of quota entries, got {data!r}")
     rules: list[QuotaRule] = []
-    seen: dict[tuple, int] = {}
+    seen: dict[tuple[str | None, str | None], int] = {}
+    key: str | tuple[str | None, str | None]  # a YAML key in the entity loop, then the (user, client_id) pair
     for i, entry in enumerate(data):
         p = f"{path}[{i}]"
         m = _mapping(entry, p, {"user", "client_id", *ALL_KINDS})
@@ -341,14 +345,18 @@ def _connections(data: Any, path: str) -> ConnectionsConfig:
     )
 
 
-def _optional(m: dict, key: str, path: str, default, read, *bounds):
+def _optional(
+    m: dict[str, Any], key: str, path: str, default: _T | None, read: Callable[..., _T], *bounds: float
+) -> _T | None:
     """``read(m, key, path, default, *bounds)``, or None when the key is null (no limit)."""
     if m.get(key, default) is None:
         return None
     return read(m, key, path, default, *bounds)
 
 
-def _per_ip(m: dict, key: str, path: str, read, *bounds) -> MappingProxyType:
+def _per_ip(
+    m: dict[str, Any], key: str, path: str, read: Callable[..., _T], *bounds: float
+) -> MappingProxyType[str, _T]:
     """A mapping of IP address to a number (``read`` checks each)."""
     raw = m.get(key) or {}
     p = f"{path}.{key}"
@@ -373,7 +381,7 @@ def _reload(data: Any, path: str) -> ReloadConfig:
     )
 
 
-def _mapping(data: Any, path: str, allowed: set[str]) -> dict:
+def _mapping(data: Any, path: str, allowed: set[str]) -> dict[str, Any]:
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -385,28 +393,28 @@ def _mapping(data: Any, path: str, allowed: set[str]) -> dict:
     return data
 
 
-def _str(m: dict, key: str, path: str, default: str) -> str:
+def _str(m: dict[str, Any], key: str, path: str, default: str) -> str:
     v = m.get(key, default)
     if not isinstance(v, str) or not v:
         raise ConfigError(f"{path}.{key}", f"must be a non-empty string, got {v!r}")
     return v
 
 
-def _bool(m: dict, key: str, path: str, default: bool) -> bool:
+def _bool(m: dict[str, Any], key: str, path: str, default: bool) -> bool:
     v = m.get(key, default)
     if not isinstance(v, bool):
         raise ConfigError(f"{path}.{key}", f"must be true or false, got {v!r}")
     return v
 
 
-def _int(m: dict, key: str, path: str, default: int, lo: int, hi: int) -> int:
+def _int(m: dict[str, Any], key: str, path: str, default: int, lo: int, hi: int) -> int:
     v = m.get(key, default)
     if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
         raise ConfigError(f"{path}.{key}", f"must be an integer in [{lo}, {hi}], got {v!r}")
     return v
 
 
-def _number(m: dict, key: str, path: str, default: float, lo: float) -> float:
+def _number(m: dict[str, Any], key: str, path: str, default: float, lo: float) -> float:
     v = m.get(key, default)
     if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < lo:
         raise ConfigError(f"{path}.{key}", f"must be a finite number >= {lo}, got {v!r}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import cast
 
 # Importing these modules registers every request/response class kafka-python generates.
 import kafka.protocol.admin  # noqa: F401
@@ -101,6 +102,6 @@ def api_name(api_key: int) -> str:
     if spec is not None:
         return spec.name
     try:
-        return _KpApiKey(api_key).name
+        return cast(str, _KpApiKey(api_key).name)
     except ValueError:
         return f"Unknown{api_key}"

@@ -6,13 +6,14 @@ from struct import Struct
 
 from kafka.protocol.consumer import FetchResponse
 
+from .frames import Buffer
 from .messages import encode_body, versioned
 from .scan import need_bytes
 
 _TWO_INT32 = Struct(">ii")
 
 
-def fetch_session(frame, body_offset: int, api_version: int) -> tuple[int, int] | None:
+def fetch_session(frame: Buffer, body_offset: int, api_version: int) -> tuple[int, int] | None:
     """(session_id, session_epoch) of a FetchRequest v7+ (KIP-227), None before v7.
 
     Raises :class:`~protocol.scan.ScanError` when the body ends before them.
@@ -30,7 +31,7 @@ def fetch_session(frame, body_offset: int, api_version: int) -> tuple[int, int] 
 _INT32 = Struct(">i")
 
 
-def cap_fetch_bytes(frame, body_offset: int, api_version: int, cap_bytes: int):
+def cap_fetch_bytes(frame: Buffer, body_offset: int, api_version: int, cap_bytes: int) -> Buffer:
     """The FetchRequest frame with max_bytes (v3+) and min_bytes lowered to ``cap_bytes``;
     ``frame`` itself when both are already within it. Raises
     :class:`~protocol.scan.ScanError` when the body ends before them."""
@@ -44,7 +45,8 @@ def cap_fetch_bytes(frame, body_offset: int, api_version: int, cap_bytes: int):
     out = bytearray(frame)
     _INT32.pack_into(out, pos, min(min_bytes, cap_bytes))
     if max_pos is not None:
-        _INT32.pack_into(out, max_pos, min(max_bytes, cap_bytes))
+        # max_bytes is read whenever max_pos is set; mypy cannot tie the two conditionals together.
+        _INT32.pack_into(out, max_pos, min(max_bytes, cap_bytes))  # type: ignore[type-var]
     return out
 
 

@@ -9,6 +9,9 @@ from struct import Struct
 
 _INT32 = Struct(">i")
 
+# The bytes-like objects the protocol readers take: frames, bodies and slices of them.
+Buffer = bytes | bytearray | memoryview
+
 
 class FrameError(Exception):
     """The byte stream cannot be framed; the connection it came from must be closed.
@@ -16,7 +19,7 @@ class FrameError(Exception):
     ``frames`` holds the complete frames that preceded the bad bytes in the same chunk.
     """
 
-    def __init__(self, message: str, frames: list | None = None) -> None:
+    def __init__(self, message: str, frames: list[memoryview | bytes] | None = None) -> None:
         super().__init__(message)
         self.frames = frames if frames is not None else []
 
@@ -82,7 +85,7 @@ class FrameReader:
             self.idle = self._parts is None and not self._size_prefix
         return frames
 
-    def _feed(self, view: memoryview, frames: list) -> None:
+    def _feed(self, view: memoryview, frames: list[memoryview | bytes]) -> None:
         pos = 0
         end = len(view)
         if self._parts is not None:

@@ -7,6 +7,7 @@ from typing import NamedTuple
 
 from .apis import FIRST_FLEXIBLE_VERSION, ApiKey
 from .errors import ProtocolError
+from .frames import Buffer
 
 _HEADER_PREFIX = Struct(">hhi")  # api_key, api_version, correlation_id
 _INT16 = Struct(">h")
@@ -27,7 +28,7 @@ class RequestHeader(NamedTuple):
     body_offset: int
 
 
-def read_uvarint(buf, pos: int) -> tuple[int, int]:
+def read_uvarint(buf: Buffer, pos: int) -> tuple[int, int]:
     """Reads Kafka's unsigned varint at ``pos``; returns (value, next position)."""
     value = 0
     shift = 0
@@ -44,7 +45,7 @@ def read_uvarint(buf, pos: int) -> tuple[int, int]:
             raise HeaderError("varint longer than 5 bytes")
 
 
-def skip_tagged_fields(buf, pos: int) -> int:
+def skip_tagged_fields(buf: Buffer, pos: int) -> int:
     """Skips a tagged-field section; returns the position after it."""
     count, pos = read_uvarint(buf, pos)
     for _ in range(count):
@@ -75,7 +76,7 @@ def response_header_is_flexible(api_key: int, api_version: int) -> bool:
 _client_id_cache: dict[bytes, str] = {}
 
 
-def parse_request_header(frame) -> RequestHeader:
+def parse_request_header(frame: Buffer) -> RequestHeader:
     """Parses the header at the start of a request frame (size prefix removed).
 
     Guarantees: never reads past ``frame``; raises :class:`HeaderError` on any malformed header.
@@ -113,7 +114,7 @@ def parse_request_header(frame) -> RequestHeader:
     return RequestHeader(api_key, api_version, correlation_id, client_id, pos)
 
 
-def response_body_offset(frame, api_key: int, api_version: int) -> int:
+def response_body_offset(frame: Buffer, api_key: int, api_version: int) -> int:
     """Offset of the body in a response frame (after correlation id and any tagged fields).
 
     Raises :class:`HeaderError` for a header that runs past the frame.
@@ -125,10 +126,11 @@ def response_body_offset(frame, api_key: int, api_version: int) -> int:
     return 4
 
 
-def response_correlation_id(frame) -> int:
+def response_correlation_id(frame: Buffer) -> int:
     if len(frame) < 4:
         raise HeaderError(f"response frame of {len(frame)} bytes has no correlation id")
-    return _INT32.unpack_from(frame, 0)[0]
+    correlation_id: int = _INT32.unpack_from(frame, 0)[0]  # a typed local: cast() is a call per response
+    return correlation_id
 
 
 def encode_response_header(correlation_id: int, flexible: bool) -> bytes:

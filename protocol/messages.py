@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import io
+from collections.abc import Iterable
 from struct import Struct
+from typing import Any, cast
 
 from kafka.protocol.api_message import ApiMessage
 
 from .apis import SPECS, ApiKey
 from .errors import ProtocolError
+from .frames import Buffer
 
 _INT16 = Struct(">h")
 
@@ -23,22 +26,22 @@ class UnknownVersionError(DecodeError):
     it sends one; Kafka closes such a connection too)."""
 
 
-def versioned(cls, version: int):
+def versioned(cls: type[ApiMessage], version: int) -> type[ApiMessage]:
     """``cls``, a kafka-python message class, at ``version``; :class:`UnknownVersionError`
     outside the versions it has a schema for."""
     if not cls.min_version <= version <= cls.max_version:
         known = f"v{cls.min_version} to v{cls.max_version}"
         raise UnknownVersionError(f"{cls.__name__} v{version}: the proxy knows {known}")
-    return cls[version]
+    return cast("type[ApiMessage]", cls[version])
 
 
-def decode_request(api_key: int, api_version: int, body) -> ApiMessage:
+def decode_request(api_key: int, api_version: int, body: Buffer) -> ApiMessage:
     """Decodes a client's request body; one that would make kafka-python copy it over and over
     for its tagged fields is refused (see _TaggedCopies)."""
     return _decode(SPECS[api_key].request, api_version, body, _tagged_budget_bytes(len(memoryview(body))))
 
 
-def decode_response(api_key: int, api_version: int, body) -> ApiMessage:
+def decode_response(api_key: int, api_version: int, body: Buffer) -> ApiMessage:
     view = memoryview(body)
     # Kafka encodes an ApiVersionsResponse carrying an error as v0 whatever the request's
     # version, so that any client can read it (ApiVersionsResponse / KIP-511).
@@ -57,7 +60,7 @@ class _TaggedCopies:
     event loop. Kafka's own clients send no tags there; a body that needs more copying than a
     few times its size is refused instead."""
 
-    budget_bytes = 0
+    budget_bytes: float = 0
 
 
 def _counted_bytes_io(copy: bytes) -> io.BytesIO:
@@ -74,7 +77,7 @@ def _tagged_budget_bytes(body_bytes: int) -> int:
 _UNCOUNTED = float("inf")
 
 
-def _decode(cls, version: int, body, tagged_budget_bytes: float) -> ApiMessage:
+def _decode(cls: type[ApiMessage], version: int, body: Buffer, tagged_budget_bytes: float) -> ApiMessage:
     """Decodes a whole body. Guarantees: every byte belongs to the message, and no field its
     schema says is not nullable is null (kafka-python reads a -1 length as None anywhere;
     Kafka's generated readers refuse it: "non-nullable field ... was serialized as null")."""
@@ -110,14 +113,14 @@ _FIXED_WIDTH = frozenset({"int8", "int16", "uint16", "int32", "int64", "float64"
 _plans: dict[tuple[type, int], _NullsPlan] = {}
 
 
-def _nulls_plan(cls, version: int) -> _NullsPlan:
+def _nulls_plan(cls: type[ApiMessage], version: int) -> _NullsPlan:
     plan = _plans.get((cls, version))
     if plan is None:
         plan = _plans[(cls, version)] = _plan(cls.fields.values(), version)
     return plan
 
 
-def _plan(fields, version: int) -> _NullsPlan:
+def _plan(fields: Iterable[Any], version: int) -> _NullsPlan:
     plan = []
     for f in fields:
         if not f.for_version_q(version):
@@ -133,7 +136,7 @@ def _plan(fields, version: int) -> _NullsPlan:
     return tuple(plan)
 
 
-def _null_field(message, plan: _NullsPlan) -> str | None:
+def _null_field(message: object, plan: _NullsPlan) -> str | None:
     """The path of the first field ``plan`` says may not be null and is, or None."""
     for name, nullable, many, inner in plan:
         value = getattr(message, name)

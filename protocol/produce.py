@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from struct import Struct
 
 from .apis import FIRST_FLEXIBLE_VERSION, SPECS, ApiKey
+from .frames import Buffer
 from .headers import encode_response_header, read_uvarint
 from .messages import encode_body, versioned
 from .scan import ScanError, need_bytes
@@ -15,7 +16,7 @@ _INT16 = Struct(">h")
 _FIRST_FLEXIBLE = FIRST_FLEXIBLE_VERSION[ApiKey.PRODUCE]
 
 
-def produce_acks(frame, body_offset: int, api_version: int) -> int:
+def produce_acks(frame: Buffer, body_offset: int, api_version: int) -> int:
     """The ``acks`` field of a ProduceRequest whose body starts at ``body_offset``.
 
     Raises :class:`~protocol.scan.ScanError` (:class:`~protocol.headers.HeaderError` for a
@@ -34,7 +35,8 @@ def produce_acks(frame, body_offset: int, api_version: int) -> int:
                 raise ScanError(f"ProduceRequest transactional_id of length {n}")
             pos += 2 + max(n, 0)
     need_bytes(frame, pos, 2, "ProduceRequest acks")
-    return _INT16.unpack_from(frame, pos)[0]
+    acks: int = _INT16.unpack_from(frame, pos)[0]  # a typed local: cast() is a call per request
+    return acks
 
 
 def produce_error_response(

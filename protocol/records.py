@@ -14,6 +14,7 @@ from struct import error as StructError
 from typing import NamedTuple
 
 from .errors import ProtocolError
+from .frames import Buffer
 from .headers import HeaderError, read_uvarint, skip_tagged_fields
 
 _INT16 = Struct(">h")
@@ -62,7 +63,9 @@ class BatchHeader(NamedTuple):
         return self.magic >= 2 and bool(self.attributes & _CONTROL_FLAG)
 
 
-def batch_headers(buf, start: int = 0, end: int | None = None, *, partial_tail: bool = False) -> Iterator[BatchHeader]:
+def batch_headers(
+    buf: Buffer, start: int = 0, end: int | None = None, *, partial_tail: bool = False
+) -> Iterator[BatchHeader]:
     """Every batch header in ``buf[start:end]``.
 
     ``partial_tail``: a Fetch response may end in a batch cut short by the size limit, which
@@ -119,7 +122,7 @@ class ProduceScan(NamedTuple):
     producer_ids: tuple[int, ...]  # distinct producer ids ≥ 0, in order of appearance
 
 
-def scan_produce_request(frame, body_offset: int, api_version: int) -> ProduceScan:
+def scan_produce_request(frame: Buffer, body_offset: int, api_version: int) -> ProduceScan:
     """Walks a ProduceRequest body (v0 to v13) and every batch header in it.
 
     Raises :class:`RecordsError` for a body or record set that does not match its schema.
@@ -132,7 +135,7 @@ def scan_produce_request(frame, body_offset: int, api_version: int) -> ProduceSc
         raise RecordsError(f"malformed ProduceRequest v{api_version}: {exc}") from exc
 
 
-def _scan_produce(buf, pos: int, version: int) -> ProduceScan:
+def _scan_produce(buf: Buffer, pos: int, version: int) -> ProduceScan:
     flexible = version >= 9
     size = len(buf)
     if version >= 3:  # transactional id
@@ -201,7 +204,7 @@ class FetchRecords(NamedTuple):
     records: int
 
 
-def count_fetch_records(body, api_version: int) -> FetchRecords:
+def count_fetch_records(body: Buffer, api_version: int) -> FetchRecords:
     """Counts what a FetchResponse body (v0 to v18) delivers to the consumer.
 
     A batch cut short at the end of a partition's records is not counted: the consumer drops it.
@@ -214,7 +217,7 @@ def count_fetch_records(body, api_version: int) -> FetchRecords:
         raise RecordsError(f"malformed FetchResponse v{api_version}: {exc}") from exc
 
 
-def _count_fetch(buf, version: int) -> FetchRecords:
+def _count_fetch(buf: Buffer, version: int) -> FetchRecords:
     flexible = version >= 12
     size = len(buf)
     pos = 0
@@ -265,7 +268,7 @@ def _count_fetch(buf, version: int) -> FetchRecords:
     return FetchRecords(batches, records)
 
 
-def _array_len(buf, pos: int, flexible: bool) -> tuple[int, int]:
+def _array_len(buf: Buffer, pos: int, flexible: bool) -> tuple[int, int]:
     if flexible:
         n, pos = read_uvarint(buf, pos)
         n -= 1
@@ -278,21 +281,21 @@ def _array_len(buf, pos: int, flexible: bool) -> tuple[int, int]:
     return max(n, 0), pos
 
 
-def _string_len(buf, pos: int, flexible: bool) -> tuple[int, int]:
+def _string_len(buf: Buffer, pos: int, flexible: bool) -> tuple[int, int]:
     if flexible:
         n, pos = read_uvarint(buf, pos)
         return n - 1, pos
     return _INT16.unpack_from(buf, pos)[0], pos + 2
 
 
-def _bytes_len(buf, pos: int, flexible: bool) -> tuple[int, int]:
+def _bytes_len(buf: Buffer, pos: int, flexible: bool) -> tuple[int, int]:
     if flexible:
         n, pos = read_uvarint(buf, pos)
         return n - 1, pos
     return _INT32.unpack_from(buf, pos)[0], pos + 4
 
 
-def _skip_string(buf, pos: int, flexible: bool) -> int:
+def _skip_string(buf: Buffer, pos: int, flexible: bool) -> int:
     n, pos = _string_len(buf, pos, flexible)
     pos += max(n, 0)
     if pos > len(buf):

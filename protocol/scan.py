@@ -12,6 +12,7 @@ from struct import error as struct_error
 from typing import NamedTuple
 
 from .errors import ProtocolError
+from .frames import Buffer
 from .headers import HeaderError, read_uvarint, skip_tagged_fields
 
 _INT16 = Struct(">h")
@@ -25,7 +26,7 @@ class ScanError(ProtocolError):
     schema."""
 
 
-def need_bytes(buf, pos: int, size: int, what: str) -> None:
+def need_bytes(buf: Buffer, pos: int, size: int, what: str) -> None:
     """Raises :class:`ScanError` unless ``buf`` holds ``size`` bytes from ``pos``: the check
     before a fixed-width read, so a short body is reported as what it is."""
     if pos < 0 or pos + size > len(buf):
@@ -40,13 +41,13 @@ class ResponseScan(NamedTuple):
     node_endpoints: int
 
 
-def _compact_len(buf, pos: int) -> tuple[int, int]:
+def _compact_len(buf: Buffer, pos: int) -> tuple[int, int]:
     """A compact (nullable) length: uvarint N+1; returns (N or -1 for null, next pos)."""
     n, pos = read_uvarint(buf, pos)
     return n - 1, pos
 
 
-def _skip_compact_bytes(buf, pos: int) -> int:
+def _skip_compact_bytes(buf: Buffer, pos: int) -> int:
     n, pos = _compact_len(buf, pos)
     if n > 0:
         pos += n
@@ -55,7 +56,7 @@ def _skip_compact_bytes(buf, pos: int) -> int:
     return pos
 
 
-def scan_produce_response(body, version: int) -> ResponseScan:
+def scan_produce_response(body: Buffer, version: int) -> ResponseScan:
     """ProduceResponse v9+ (flexible)."""
     if version < 9:
         raise ScanError("only flexible ProduceResponse versions are scanned")
@@ -86,7 +87,7 @@ def scan_produce_response(body, version: int) -> ResponseScan:
         raise ScanError(f"malformed ProduceResponse v{version}: {exc}") from exc
 
 
-def scan_fetch_response(body, version: int) -> ResponseScan:
+def scan_fetch_response(body: Buffer, version: int) -> ResponseScan:
     """FetchResponse v12+ (flexible)."""
     _check_flexible_fetch(version)
     try:
@@ -112,13 +113,13 @@ def _check_flexible_fetch(version: int) -> None:
         raise ScanError("only flexible FetchResponse versions are scanned")
 
 
-def _fetch_topic_head(body, pos: int, version: int) -> tuple[int, int]:
+def _fetch_topic_head(body: Buffer, pos: int, version: int) -> tuple[int, int]:
     """A FetchResponse topic up to its partitions: (partition count, position of the first)."""
     pos = pos + 16 if version >= 13 else _skip_compact_bytes(body, pos)  # topic id / name
     return _compact_len(body, pos)
 
 
-def _fetch_partition_head(body, pos: int) -> tuple[int, int, int]:
+def _fetch_partition_head(body: Buffer, pos: int) -> tuple[int, int, int]:
     """A FetchResponse partition up to its records: (error code, records length or -1 for
     null, position of the records)."""
     code = _INT16.unpack_from(body, pos + 4)[0]
@@ -138,7 +139,7 @@ class FetchHead(NamedTuple):
     error_codes: frozenset[int]  # every partition's error code (0 included)
 
 
-def scan_fetch_head(body, version: int) -> FetchHead | None:
+def scan_fetch_head(body: Buffer, version: int) -> FetchHead | None:
     """FetchResponse v12+ (flexible) of which ``body`` may hold only a first part: the head,
     when that part reaches the last partition's records length (every partition before it
     whole); None when it does not, or when the response has no partition."""
@@ -163,7 +164,7 @@ def scan_fetch_head(body, version: int) -> FetchHead | None:
         return None  # this part ends first (a malformed body fails when assembled)
 
 
-def scan_fetch_tail(tail) -> int:
+def scan_fetch_tail(tail: Buffer) -> int:
     """The end of a FetchResponse body from its :attr:`FetchHead.tail_offset`: the last
     partition's, its topic's and the top-level tagged fields. Returns the number of
     NodeEndpoints entries (KIP-951, tag 0)."""
@@ -175,7 +176,7 @@ def scan_fetch_tail(tail) -> int:
         raise ScanError(f"malformed FetchResponse end: {exc}") from exc
 
 
-def _node_endpoints(body, pos: int) -> int:
+def _node_endpoints(body: Buffer, pos: int) -> int:
     """Walks the top-level tagged fields, which must end the body exactly; returns the number
     of NodeEndpoints entries (tag 0 in both ProduceResponse and FetchResponse)."""
     if pos >= len(body):

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from struct import Struct
+from typing import cast
 
 from .apis import SPECS
+from .frames import Buffer
 from .headers import response_body_offset
 from .messages import decode_response, encode_body
 from .scan import need_bytes
@@ -33,7 +35,7 @@ def has_throttle_field(api_key: int, api_version: int) -> bool:
     return since is not None and api_version >= since
 
 
-def with_throttle(api_key: int, api_version: int, frame, throttle_ms: int):
+def with_throttle(api_key: int, api_version: int, frame: Buffer, throttle_ms: int) -> Buffer:
     """The response frame with ``throttle_time_ms`` raised to at least ``throttle_ms``.
 
     Returns ``frame`` itself when the broker's value is already as high or the version has no
@@ -59,12 +61,13 @@ def with_throttle(api_key: int, api_version: int, frame, throttle_ms: int):
     return bytes(frame[:offset]) + encode_body(resp)
 
 
-def throttle_of(api_key: int, api_version: int, frame) -> int:
+def throttle_of(api_key: int, api_version: int, frame: Buffer) -> int:
     """The broker's ``throttle_time_ms`` in a response frame (0 when the version has none)."""
     if not has_throttle_field(api_key, api_version):
         return 0
     offset = response_body_offset(frame, api_key, api_version)
     if api_key in _FIRST_FIELD_SINCE:
         need_bytes(frame, offset, 4, "throttle_time_ms")
-        return _INT32.unpack_from(frame, offset)[0]
-    return decode_response(api_key, api_version, memoryview(frame)[offset:]).throttle_time_ms
+        throttle_ms: int = _INT32.unpack_from(frame, offset)[0]  # a typed local, not a cast() call
+        return throttle_ms
+    return cast(int, decode_response(api_key, api_version, memoryview(frame)[offset:]).throttle_time_ms)

@@ -296,6 +296,7 @@ def _in_any(layers: list[Layer], hashes: tuple[int, int]) -> bool:
         if bloom.shape is not shape:
             shape = bloom.shape
             positions = shape.positions_for(*hashes)
-        if bloom.contains_positions(positions):
+        # positions is set on the first layer (shape starts as None, a layer's shape never is).
+        if bloom.contains_positions(positions):  # type: ignore[arg-type]
             return True
     return False

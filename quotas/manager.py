@@ -296,7 +296,8 @@ class QuotaManager:
         """The state this (user, client id) is charged to for ``kind``, or None (no rule).
         check_and_record, the per-request path, has these two lines inline."""
         state = self._cache.get((kind, user, client_id), _MISS)
-        return self._state_for(user, client_id, kind, now_ms) if state is _MISS else state
+        # Not _MISS, so a cached _State | None; mypy does not narrow an identity check against a sentinel.
+        return self._state_for(user, client_id, kind, now_ms) if state is _MISS else state  # type: ignore[return-value]
 
     def _state_for(self, user: str, client_id: str, kind: str, now_ms: int) -> _State | None:
         """Cache miss: resolve the rule, find or create the entity's state, cache it."""
@@ -406,7 +407,7 @@ def quota_changes(before: Iterable[QuotaRule], after: Iterable[QuotaRule]) -> li
     the new ones in the order of ``after``; values by kind."""
     old = {(r.user, r.client_id): r for r in before}
     new = {(r.user, r.client_id): r for r in after}
-    changes = []
+    changes: list[QuotaChange] = []
     for key, rule in old.items():
         if key in new:
             changes.extend(_value_changes(rule, new[key]))

@@ -7,6 +7,11 @@ is the only thing the two share about the file, and it imports nothing but the s
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
 SCHEMA_VERSION = 1
 OTHER = "(other)"  # user and client id of the row that overflow is folded into
 
@@ -36,7 +41,7 @@ COLUMN_NAMES = tuple(name for name, _, _ in COLUMNS)
 KEY_COLUMNS = 7  # schema_version .. api_key; the counters follow, in COLUMNS order
 
 
-def arrow_schema():
+def arrow_schema() -> pa.Schema:
     """The Parquet schema (pyarrow is imported only when the usage log is used)."""
     import pyarrow as pa
 
