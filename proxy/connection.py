@@ -187,7 +187,7 @@ class ClientConnection(asyncio.Protocol):
         "upstream", "_reader", "_pending", "_awaiting_upstream", "_unsent", "_closed",
         "_raw_sasl_frames", "_close_when_drained", "gate", "_connect_task", "_muted_until", "_unmute",
         "_deferred", "_held", "_held_error", "_acks0", "_uplift", "_requests", "_holding", "usage",
-        "_client_id_field", "_hot_head", "_through", "_throttle_hold", "_throttled_unsent",
+        "_client_id_field", "_hot_head", "_through", "_throttle_hold",
         "_ip", "_active", "_idle_since", "_partial_since", "_partial_token", "_pool_bytes",
     )
 
@@ -215,10 +215,9 @@ class ClientConnection(asyncio.Protocol):
         # Kafka's per-connection discipline for throttled work (SocketServer reads one request
         # per connection at a time; ClientQuotaManager keeps a throttled channel muted): once a
         # request is given a throttle, later requests are held, neither charged nor forwarded,
-        # until its response is sent and the mute after it ends. _throttled_unsent counts the
-        # throttled requests whose response is not sent yet.
+        # until its response is sent (its entry, marked InFlight.holds, leaves _pending) and the
+        # mute after it ends.
         self._throttle_hold = False
-        self._throttled_unsent = 0
         self._acks0: deque[int] = deque(maxlen=256)  # correlation ids of recent acks=0 Produces
         self._unmute: asyncio.TimerHandle | None = None
         self.gate: ReadGate | None = None
@@ -340,7 +339,7 @@ class ClientConnection(asyncio.Protocol):
             frames = self._reader.feed(data)
         except FrameError as exc:
             frames, bad_frame = exc.frames, exc
-        if self._deferred is not None or self._throttle_hold:
+        if self._requests_wait():
             # A deferred request is being decided, or a throttle holds the connection: later
             # frames wait their turn.
             self._held.extend(bytes(f) for f in frames)
@@ -350,6 +349,11 @@ class ClientConnection(asyncio.Protocol):
             self._process(frames, bad_frame)
             self._arm()
         self._account()
+
+    def _requests_wait(self) -> bool:
+        """Whether requests read now must wait their turn (held, in order): a deferred decision
+        is being made, or a throttle holds the connection."""
+        return self._deferred is not None or self._throttle_hold
 
     def _account(self) -> None:
         """Tells the memory pool what this connection holds: a partial frame, held requests,
@@ -394,11 +398,7 @@ class ClientConnection(asyncio.Protocol):
 
     def close_for(self, reason: str) -> None:
         """Closes this connection for a limit of the guard's (counted and logged by reason)."""
-        guard = self.server.guard
-        guard.closed[reason] += 1
-        guard.log(reason, logging.WARNING, "closing %s (client_id=%s): %s", self.label, self.session.client_id,
-                  reason.replace("_", " "))
-        self._close()
+        self._close_counted(reason, reason.replace("_", " "))
 
     def _arm(self) -> None:
         """Lets the hot path run while nothing else must see a request first: a frame reader
@@ -409,7 +409,7 @@ class ClientConnection(asyncio.Protocol):
         up = self.upstream
         field = self._client_id_field
         self._hot_head = _request_head(len(field)) if (
-            field is not None and self._reader.idle and self._deferred is None and not self._throttle_hold
+            field is not None and self._reader.idle and not self._requests_wait()
             and not self._raw_sasl_frames and up is not None and up.transport is not None
             and not self._closed
         ) else None
@@ -419,7 +419,7 @@ class ClientConnection(asyncio.Protocol):
         for i, frame in enumerate(frames):
             if self._closed:
                 return
-            if self._deferred is not None or self._throttle_hold:
+            if self._requests_wait():
                 self._held.extend(bytes(f) for f in frames[i:])
                 self._held_error = bad_frame
                 break
@@ -431,7 +431,7 @@ class ClientConnection(asyncio.Protocol):
         if out:
             self._send_upstream(out)
         if bad_frame is not None:
-            if self._deferred is not None or self._throttle_hold:
+            if self._requests_wait():
                 self._held_error = bad_frame  # after the held frames, in order
             else:
                 self._reject("bad_frame", str(bad_frame), drain=True)
@@ -568,7 +568,7 @@ class ClientConnection(asyncio.Protocol):
     def _process_held(self) -> None:
         """Processes the frames held while a request was deferred or throttled, unless one of
         these holds again (then they stay held)."""
-        if self._deferred is not None or self._throttle_hold or self._closed:
+        if self._requests_wait() or self._closed:
             return
         held, self._held = self._held, []
         error, self._held_error = self._held_error, None
@@ -583,7 +583,6 @@ class ClientConnection(asyncio.Protocol):
         until the response is sent and the mute after it ends (_end_mute)."""
         if entry is not None:
             entry.holds = True
-            self._throttled_unsent += 1
         self._throttle_hold = True
         self._hot_head = None
         self.gate.pause("throttled")
@@ -591,7 +590,7 @@ class ClientConnection(asyncio.Protocol):
     def _release_throttle_hold(self) -> None:
         """The mute ended: unless a throttled response is still to be sent, the held requests
         are processed, each charged now (as Kafka charges a request when it reads it)."""
-        if not self._throttle_hold or self._throttled_unsent or self._closed:
+        if not self._throttle_hold or self._closed or any(e.holds for e in self._pending):
             return
         self._throttle_hold = False
         self.gate.resume("throttled")
@@ -827,8 +826,6 @@ class ClientConnection(asyncio.Protocol):
             data = done.response
             done.response = None
             size = len(data)
-            if done.holds:
-                self._throttled_unsent -= 1
             if transport is not None and not self._closed:
                 _write(transport, (_INT32.pack(size), data))
                 if done.throttle_ms:
@@ -893,8 +890,14 @@ class ClientConnection(asyncio.Protocol):
     # -- closing ----------------------------------------------------------------------------
 
     def _reject(self, reason: str, detail: str, drain: bool = False) -> None:
-        """Closes this connection; with ``drain``, only after the responses owed are sent."""
+        """Closes this connection for what the client sent; with ``drain``, only after the
+        responses owed are sent."""
         self.stats.frames_rejected[reason] += 1
+        self._close_counted(reason, detail, drain)
+
+    def _close_counted(self, reason: str, detail: str, drain: bool = False) -> None:
+        """Closes this connection, counted in kqp_connections_closed_total{reason} and logged
+        (rate-limited per reason)."""
         self.server.guard.closed[reason] += 1
         self.server.guard.log(reason, logging.WARNING, "closing %s (client_id=%s): %s", self.label,
                               self.session.client_id, detail, logger=log)

@@ -163,7 +163,7 @@ class ConnectionGuard:
 
     def sweep(self, connections: Iterable, now_s: float) -> int:
         """Closes the connections past a deadline (see ClientConnection.deadline_passed);
-        returns how many. Also forgets connection rates that have left their window."""
+        returns how many."""
         expired = []
         for conn in connections:
             reason = conn.deadline_passed(now_s, self.idle_s, self.partial_s)
@@ -171,8 +171,11 @@ class ConnectionGuard:
                 expired.append((conn, reason))
         for conn, reason in expired:
             conn.close_for(reason)
-        self.quotas.expire_at(self._clock_ms())
         return len(expired)
+
+    def expire(self) -> int:
+        """Forgets connection creation rates that have left their window; returns how many."""
+        return self.quotas.expire_at(self._clock_ms())
 
 
 def proxy_paused(reasons: Iterable[str]) -> bool:

@@ -186,6 +186,7 @@ class ProxyServer:
         interval_s = self.guard.sweep_interval_s
         while True:
             await asyncio.sleep(interval_s)
+            self.guard.expire()
             connections = list(self.connections)
             for i in range(0, len(connections), 512):
                 self.guard.sweep(connections[i : i + 512], time.monotonic())
