@@ -5,6 +5,8 @@ NONE = 0
 CORRUPT_MESSAGE = 2
 NOT_LEADER_OR_FOLLOWER = 6
 UNSUPPORTED_VERSION = 35
+INVALID_REQUEST = 42
+POLICY_VIOLATION = 44
 FENCED_LEADER_EPOCH = 74
 THROTTLING_QUOTA_EXCEEDED = 89
 
@@ -14,8 +16,7 @@ class ProtocolError(ValueError):
     closed.
 
     Every function in ``protocol`` that reads a request or response body raises this (through
-    a subclass naming what was being read: HeaderError, DecodeError, ScanError, RecordsError)
-    and nothing else, whatever the bytes; a filter lets it through, and the connection closes
-    cleanly, with one log line and a counter. (The byte stream's own framing errors are
-    ``frames.FrameError``.)
+    a subclass naming what was being read: FrameError for the byte stream's own framing,
+    HeaderError, DecodeError, ScanError, RecordsError) and nothing else, whatever the bytes; a
+    filter lets it through, and the connection closes cleanly, with one log line and a counter.
     """

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 from struct import Struct
 
+from .errors import ProtocolError
+
 _INT32 = Struct(">i")
 
 # The bytes-like objects the protocol readers take: frames, bodies and slices of them.
 Buffer = bytes | bytearray | memoryview
 
 
-class FrameError(Exception):
+class FrameError(ProtocolError):
     """The byte stream cannot be framed; the connection it came from must be closed.
 
     ``frames`` holds the complete frames that preceded the bad bytes in the same chunk.

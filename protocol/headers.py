@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
 from struct import Struct
 from typing import NamedTuple
 
@@ -71,6 +72,13 @@ def response_header_is_flexible(api_key: int, api_version: int) -> bool:
     if api_key == ApiKey.API_VERSIONS:
         return False
     return bool(request_header_is_flexible(api_key, api_version))
+
+
+@lru_cache(maxsize=256)
+def request_head(client_id_field_bytes: int) -> Struct:
+    """Size, api key, api version, correlation id, and a client id field this long (int16
+    length and bytes): how a framed request with header v1 or v2 starts."""
+    return Struct(f">ihhi{client_id_field_bytes}s")
 
 
 _client_id_cache: dict[bytes, str] = {}

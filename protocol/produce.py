@@ -5,8 +5,10 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from struct import Struct
+from struct import error as struct_error
 
 from .apis import FIRST_FLEXIBLE_VERSION, SPECS, ApiKey
+from .errors import ProtocolError
 from .frames import Buffer
 from .headers import encode_response_header, read_uvarint
 from .messages import encode_body, versioned
@@ -37,6 +39,27 @@ def produce_acks(frame: Buffer, body_offset: int, api_version: int) -> int:
     need_bytes(frame, pos, 2, "ProduceRequest acks")
     acks: int = _INT16.unpack_from(frame, pos)[0]  # a typed local: cast() is a call per request
     return acks
+
+
+def framed_acks_not_zero(data: bytes, pos: int, version: int) -> bool:
+    """Whether a Produce frame (with its size prefix; its first chunk is enough), whose request
+    header ends at the client id at ``pos``, has an acks other than 0. False too when it cannot
+    tell (header tagged fields, cut short, a bad varint): the caller then parses it in full."""
+    try:
+        if version >= _FIRST_FLEXIBLE:
+            if data[pos] != 0:
+                return False  # the header has tagged fields
+            pos += 1  # no header tagged fields: the body follows
+            if data[pos] != 0:  # a transactional id (a compact string; 0: null)
+                return produce_acks(data, pos, version) != 0
+            pos += 1
+        elif version >= 3:
+            if data[pos] != 0xFF or data[pos + 1] != 0xFF:  # a transactional id (-1: null)
+                return produce_acks(data, pos, version) != 0
+            pos += 2
+        return data[pos] != 0 or data[pos + 1] != 0  # acks, an int16
+    except (IndexError, struct_error, ProtocolError):
+        return False
 
 
 def produce_error_response(
