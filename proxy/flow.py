@@ -47,3 +47,60 @@ class ReadGate:
         if "mute" in self._reasons:
             self._stats.muted_connections -= 1
         self._reasons.clear()
+
+
+class ChannelMute:
+    """The mute of a throttled client connection and the hold on its requests, after Kafka's
+    ``KafkaChannel.ChannelMuteState`` (SocketServer reads one request per connection at a time;
+    ``ClientQuotaManager`` keeps a throttled channel muted until its throttle ends).
+
+    :meth:`mute` stops reading for a throttle (extends, never shortens, a mute). :meth:`hold`
+    marks that a request was given a throttle: from then on the connection is not read and its
+    later requests are held, neither charged nor forwarded, until the connection calls
+    :meth:`release` (its throttled responses are sent and the mute after them ended).
+    ``on_end`` runs whenever a mute ends."""
+
+    __slots__ = ("_gate", "_until", "timer", "holding", "_on_end")
+
+    def __init__(self, gate: ReadGate, on_end) -> None:
+        self._gate = gate
+        self._until = 0.0
+        self.timer: asyncio.TimerHandle | None = None  # set while muted
+        self.holding = False
+        self._on_end = on_end
+
+    def mute(self, throttle_ms: int) -> None:
+        if throttle_ms <= 0:
+            return
+        loop = asyncio.get_running_loop()
+        until = loop.time() + throttle_ms / 1000
+        if until <= self._until:
+            return
+        self._until = until
+        self._gate.pause("mute")
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer = loop.call_at(until, self.end)
+
+    def end(self) -> None:
+        """The mute ended (its timer fired)."""
+        self.timer = None
+        self._until = 0.0
+        self._gate.resume("mute")
+        self._on_end()
+
+    def hold(self, entry) -> None:
+        """``entry``'s request was given a throttle (None: an acks=0 Produce, muted at once)."""
+        if entry is not None:
+            entry.holds = True
+        self.holding = True
+        self._gate.pause("throttled")
+
+    def release(self) -> None:
+        self.holding = False
+        self._gate.resume("throttled")
+
+    def cancel(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None

@@ -9,7 +9,25 @@ from __future__ import annotations
 import base64
 import json
 
-from quotas.entities import ANONYMOUS  # noqa: F401  (the pipeline shares it; defined in quotas)
+from quotas.entities import ANONYMOUS  # the pipeline shares it; defined in quotas
+
+
+class Session:
+    """Who is on the other end of a client connection: its principal (ANONYMOUS until a SASL
+    exchange succeeds), the client id of its last request, and the SASL exchange under way."""
+
+    __slots__ = ("principal", "client_id", "sasl_mechanism", "claimed_principal", "authenticated")
+
+    def __init__(self) -> None:
+        self.principal = ANONYMOUS
+        self.client_id: str | None = None
+        self.sasl_mechanism: str | None = None
+        self.claimed_principal: str | None = None
+        self.authenticated = False
+
+    def authenticate(self, principal: str) -> None:
+        self.principal = principal
+        self.authenticated = True
 
 
 class SaslError(ValueError):

@@ -277,7 +277,7 @@ class ProxyServer:
         for server in self._servers:
             server.close()
         for conn in list(self.connections):
-            conn._close()
+            conn.close()
         for server in self._servers:
             await server.wait_closed()
         if self.usage is not None:

@@ -1,5 +1,19 @@
-"""Request and response filters. A filter returns a decision; it never touches a socket."""
+"""Request and response filters. A filter declares a FilterSpec and returns decisions; it never
+touches a socket (see proxy/filters/api.py and docs/writing-a-filter.md)."""
 
-from .base import Answer, Close, Defer, FilterChain, Forward, RequestFilter, ResponseFilter
+from .api import (
+    Answer,
+    Close,
+    Defer,
+    FilterContext,
+    FilterContractError,
+    FilterSpec,
+    Forward,
+    Hold,
+    RequestFilter,
+    ResponseFilter,
+)
+from .chain import FilterChain
 
-__all__ = ["Answer", "Close", "Defer", "FilterChain", "Forward", "RequestFilter", "ResponseFilter"]
+__all__ = ["Answer", "Close", "Defer", "FilterChain", "FilterContext", "FilterContractError", "FilterSpec",
+           "Forward", "Hold", "RequestFilter", "ResponseFilter"]

@@ -9,7 +9,7 @@ from protocol.apis import SPECS, ApiKey
 from protocol.headers import encode_response_header
 from protocol.messages import decode_response, encode_body
 
-from .base import Answer
+from .api import Answer, FilterSpec
 from .leaders import uplifted_caps
 
 _INT32 = Struct(">i")
@@ -39,12 +39,17 @@ def default_caps() -> dict[int, int | None]:
 
 
 class ApiVersionsFilter:
-    api_keys = frozenset({ApiKey.API_VERSIONS})
+    """Answers an ApiVersions version the proxy does not know, caps each API at what the
+    proxy carries, and learns the connection's KIP-951 uplift from the broker's answer."""
 
     def __init__(self, caps: dict[int, int | None] | None = None, uplift: bool = False) -> None:
         self.caps = default_caps() if caps is None else caps
         self.max_version = SPECS[ApiKey.API_VERSIONS].max_version
-        self.request_since = {ApiKey.API_VERSIONS: self.max_version + 1}  # only unknown versions are answered
+        keys = frozenset({ApiKey.API_VERSIONS})
+        self.spec = FilterSpec(
+            request_keys=keys, response_keys=keys, chunk=True,
+            request_since={ApiKey.API_VERSIONS: self.max_version + 1},  # only unknown versions are answered
+        )
         self.uplift = uplift  # KIP-951: offer Produce v10 / Fetch v16 over v9 / v15 brokers
         # A broker answers ApiVersions with the same body every time: each body is rewritten
         # once (with the versions this connection's requests must go up as, see UpliftFilter).
@@ -56,7 +61,7 @@ class ApiVersionsFilter:
         # ask the same way every time): (version, chunk length, that rewrite).
         self._last: tuple[int, int, tuple[bytes, bytes, dict[int, int], bytes]] | None = None
 
-    def on_request(self, conn, header, frame, entry):
+    def on_request(self, ctx, header, frame, entry):
         if header.api_version > self.max_version:
             # Kafka answers an unknown ApiVersions version itself with v0 + UNSUPPORTED_VERSION
             # (ApiVersionsRequest.getErrorResponse), so the client retries at a known version.
@@ -64,14 +69,14 @@ class ApiVersionsFilter:
             return Answer(encode_response_header(header.correlation_id, False) + body)
         return None
 
-    def on_response(self, conn, entry, frame):
+    def on_response(self, ctx, entry, frame):
         # The ApiVersions response header is always v0 (KIP-511): the body starts at byte 4.
         data = bytes(frame)
         done = self._find(entry.api_version, data, 4) or self._rewrite(entry, data[4:])
-        conn.uplift = done[2]
+        ctx.set_uplift(done[2])
         return data if done[1] is done[0] else data[:4] + done[1]
 
-    def on_response_chunk(self, conn, entry, chunk):
+    def on_response_chunk(self, ctx, entry, chunk):
         # Every response after a connection's first: a rewrite already made, without a copy.
         # This runs before the response is written, so the common case is kept short.
         last = self._last
@@ -83,8 +88,8 @@ class ApiVersionsFilter:
             if done is None:
                 return None
             self._last = (entry.api_version, len(chunk), done)
-        if conn._uplift is not done[2]:
-            conn.uplift = done[2]
+        if ctx.uplift is not done[2]:
+            ctx.set_uplift(done[2])
         if done[1] is done[0]:
             return chunk  # nothing to change: the broker's very bytes
         return b"".join((done[3], chunk[4:8], done[1]))

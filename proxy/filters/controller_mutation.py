@@ -24,7 +24,7 @@ from protocol.messages import decode_request, decode_response, encode_body
 from quotas import CONTROLLER_MUTATION_RATE, QuotaManager
 
 from ..refresh import fetch_num_partitions, fetch_topics
-from .base import Answer, Defer, Forward
+from .api import Answer, Defer, FilterSpec, Forward
 from .quotas import now_ms
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ class _Topic:
 
 
 class ControllerMutationFilter:
-    api_keys = frozenset(STRICT_SINCE)
+    spec = FilterSpec(request_keys=frozenset(STRICT_SINCE), response_keys=frozenset(STRICT_SINCE))
 
     def __init__(self, manager: QuotaManager, topics, fallback_num_partitions: int, timeout_s: float,
                  count_all: bool = False) -> None:
@@ -55,21 +55,21 @@ class ControllerMutationFilter:
 
     # -- request side -----------------------------------------------------------------------
 
-    def on_request(self, conn, header, frame, entry):
+    def on_request(self, ctx, header, frame, entry):
         if header.body_offset < 0:
             return None
         req = decode_request(header.api_key, header.api_version, memoryview(frame)[header.body_offset :])
         if getattr(req, "validate_only", False):
             entry.note = VALIDATE_ONLY  # its response must not teach the topic cache anything
             return None  # KIP-599: validation is not a mutation
-        user, client_id = conn.session.principal, header.client_id or ""
+        user, client_id = ctx.session.principal, header.client_id or ""
         limited = self.manager.resolve(user, client_id, CONTROLLER_MUTATION_RATE) is not None
         if not limited and not self.count_all:
             return None
         topics = self._topics(header.api_key, header.api_version, req)
         if any(t.mutations is None for t in topics):
-            return Defer(self._after_lookup(conn, header, frame, req, entry, topics, limited))
-        return self._decide(conn, header, frame, req, entry, topics, limited)
+            return Defer(self._after_lookup(ctx, header, frame, req, entry, topics, limited))
+        return self._decide(ctx, header, frame, req, entry, topics, limited)
 
     def _topics(self, key: int, version: int, req) -> list[_Topic]:
         out = []
@@ -94,13 +94,13 @@ class ControllerMutationFilter:
                 out.append(_Topic(name, name, None, self.topics.count(name)))
         return out
 
-    async def _after_lookup(self, conn, header, frame, req, entry, topics, limited: bool):
+    async def _after_lookup(self, ctx, header, frame, req, entry, topics, limited: bool):
         missing_names = [t.name for t in topics if t.mutations is None and t.name]
         missing_ids = [t.topic_id for t in topics if t.mutations is None and not t.name and t.topic_id]
-        address = conn.cluster.upstream_address(None, 0)
+        address = ctx.cluster.upstream_address(None, 0)
         try:
             if header.api_key == ApiKey.CREATE_TOPICS and self.topics.num_partitions_default is None:
-                node_id = next(iter(conn.cluster.brokers), 0)
+                node_id = next(iter(ctx.cluster.brokers), 0)
                 self.topics.num_partitions_default = await fetch_num_partitions(address, node_id, self.timeout_s)
             elif missing_names or missing_ids:
                 for t in await fetch_topics(address, missing_names, missing_ids, self.timeout_s):
@@ -115,18 +115,19 @@ class ControllerMutationFilter:
             if t.mutations is None:
                 # A topic the broker does not know deletes nothing; a CreatePartitions on it fails.
                 t.mutations = 0
-        return self._decide(conn, header, frame, req, entry, refreshed, limited)
+        return self._decide(ctx, header, frame, req, entry, refreshed, limited)
 
-    def _decide(self, conn, header, frame, req, entry, topics: list[_Topic], limited: bool = True):
+    def _decide(self, ctx, header, frame, req, entry, topics: list[_Topic], limited: bool = True):
         entry.mutations = sum(t.mutations for t in topics)
         if not limited:
             return None
-        user, client_id = conn.session.principal, header.client_id or ""
+        user, client_id = ctx.session.principal, header.client_id or ""
         now = now_ms()
         if header.api_version < STRICT_SINCE[header.api_key]:
             if entry.mutations:
                 decision = self.manager.record(user, client_id, CONTROLLER_MUTATION_RATE, entry.mutations, now)
-                entry.throttle_ms = max(entry.throttle_ms, decision.throttle_ms)
+                if decision.throttle_ms:
+                    return Forward(throttle_ms=decision.throttle_ms)
             return None
         admitted, rejected, throttle = [], [], 0
         for t in topics:
@@ -142,18 +143,17 @@ class ControllerMutationFilter:
         if not rejected:
             return None  # StrictControllerMutationQuota: no rejection, no throttle
         entry.rejected = True
-        entry.throttle_ms = max(entry.throttle_ms, throttle)
         if not admitted:
             body = encode_body(self._response(header.api_key, header.api_version, topics, None, throttle))
             flexible = SPECS[header.api_key].is_flexible(header.api_version)
-            return Answer(encode_response_header(header.correlation_id, flexible) + body)
-        entry.on_response = lambda response_frame: self._merge(entry, response_frame, topics, throttle)
+            return Answer(encode_response_header(header.correlation_id, flexible) + body, throttle_ms=throttle)
         self._keep_only(header.api_key, header.api_version, req, admitted)
-        return Forward(bytes(frame[: header.body_offset]) + encode_body(req))
+        return Forward(bytes(frame[: header.body_offset]) + encode_body(req), throttle_ms=throttle,
+                       on_response=lambda response_frame: self._merge(entry, response_frame, topics, throttle))
 
     # -- response side: keep the partition counts current -----------------------------------
 
-    def on_response(self, conn, entry, frame):
+    def on_response(self, ctx, entry, frame):
         if entry.note is VALIDATE_ONLY:
             return frame
         offset = response_body_offset(frame, entry.api_key, entry.api_version)

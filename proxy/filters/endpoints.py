@@ -10,6 +10,8 @@ from protocol.headers import response_body_offset
 from protocol.messages import decode_response, encode_body
 from protocol.scan import scan_fetch_response, scan_produce_response
 
+from .api import FilterSpec
+
 # First versions carrying KIP-951 NodeEndpoints in their tagged fields.
 _NODE_ENDPOINTS_SINCE = {ApiKey.PRODUCE: 10, ApiKey.FETCH: 16}
 _SCANNERS = {ApiKey.PRODUCE: scan_produce_response, ApiKey.FETCH: scan_fetch_response}
@@ -18,16 +20,17 @@ _SCANNERS = {ApiKey.PRODUCE: scan_produce_response, ApiKey.FETCH: scan_fetch_res
 class EndpointRewriteFilter:
     """Rewrites Metadata, FindCoordinator, DescribeCluster, and Produce/Fetch NodeEndpoints."""
 
-    api_keys = frozenset(rewrite.ENDPOINT_REWRITERS)
-    response_since = _NODE_ENDPOINTS_SINCE  # Produce / Fetch carry no endpoints before these
-    # Whether Fetch responses may stream (filters.base.StreamRoute); off for good once a broker
+    # Produce / Fetch carry no endpoints before _NODE_ENDPOINTS_SINCE.
+    spec = FilterSpec(response_keys=frozenset(rewrite.ENDPOINT_REWRITERS), response_since=_NODE_ENDPOINTS_SINCE,
+                      stream=True)
+    # Whether Fetch responses may stream (proxy.routes.StreamRoute); off for good once a broker
     # sent NodeEndpoints where KIP-951 says it would not.
     streams = True
 
-    def on_stream_head(self, conn, entry, head) -> bool:
+    def on_stream_head(self, ctx, entry, head) -> bool:
         return self.streams  # the endpoints are in the tail, seen before it is sent
 
-    def on_stream_tail(self, conn, entry, node_endpoints: int) -> bool:
+    def on_stream_tail(self, ctx, entry, node_endpoints: int) -> bool:
         if node_endpoints:
             # KIP-951: a broker sends NodeEndpoints only with a partition that moved, and the
             # head showed none. This response cannot be rewritten (its size went first); the
@@ -36,7 +39,7 @@ class EndpointRewriteFilter:
             return False
         return True
 
-    def on_response(self, conn, entry, frame):
+    def on_response(self, ctx, entry, frame):
         key, version = entry.api_key, entry.api_version
         since = _NODE_ENDPOINTS_SINCE.get(key)
         if since is not None and version < since:
@@ -50,8 +53,8 @@ class EndpointRewriteFilter:
                 return frame
         resp = decode_response(key, version, memoryview(frame)[offset:])
         if key == ApiKey.METADATA:
-            conn.server.topics.observe_metadata(resp)
+            ctx.topics.observe_metadata(resp)
             # Before the rewrite: the leader cache keeps the brokers' own view.
-            conn.server.leaders.observe_metadata(resp.topics, time.monotonic())
-        rewrite.ENDPOINT_REWRITERS[key](resp, conn.cluster.advertise)
+            ctx.leaders.observe_metadata(resp.topics, time.monotonic())
+        rewrite.ENDPOINT_REWRITERS[key](resp, ctx.cluster.advertise)
         return bytes(frame[:offset]) + encode_body(resp)

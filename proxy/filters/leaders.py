@@ -26,7 +26,7 @@ from protocol.messages import decode_response, encode_body
 from protocol.scan import scan_fetch_response, scan_produce_response
 
 from ..leaders import ExpeditedRefresher, LeaderCache
-from .base import Forward, Hold
+from .api import FilterSpec, Forward, Hold
 
 # First versions whose responses carry KIP-951's CurrentLeader + NodeEndpoints.
 HINTS_SINCE = {ApiKey.PRODUCE: 10, ApiKey.FETCH: 16}
@@ -37,9 +37,7 @@ _MOVED = frozenset({errors.NOT_LEADER_OR_FOLLOWER, errors.FENCED_LEADER_EPOCH})
 
 
 class LeaderHintFilter:
-    api_keys = frozenset()
-    response_api_keys = frozenset(HINTS_SINCE)
-    response_since = HINTS_SINCE
+    spec = FilterSpec(response_keys=frozenset(HINTS_SINCE), response_since=HINTS_SINCE, stream=True)
 
     def __init__(self, cache: LeaderCache, refresher: ExpeditedRefresher | None, fill: bool = True,
                  wait_s: float = 0.0) -> None:
@@ -48,7 +46,7 @@ class LeaderHintFilter:
         self.fill = fill
         self.wait_s = wait_s  # how long a response without a hint may wait for the refresh
 
-    def on_response(self, conn, entry, frame):
+    def on_response(self, ctx, entry, frame):
         key, version = entry.api_key, entry.api_version
         if version < HINTS_SINCE[key]:
             return frame
@@ -58,23 +56,23 @@ class LeaderHintFilter:
             entry.scan = scan  # the endpoint filter reads the same frame next
             return frame  # the hot path: no partition moved
         resp = decode_response(key, version, memoryview(frame)[offset:])
-        hintless = self._learn(conn, key, version, resp)
-        missing = self._fill_all(conn, key, version, resp, hintless)
+        hintless = self._learn(ctx, key, version, resp)
+        missing = self._fill_all(ctx, key, version, resp, hintless)
         filled = len(missing) < len(hintless)
         refreshed = self._refresh(missing)
-        if refreshed is not None and self.fill and self.wait_s > 0 and conn.node_id is not None:
+        if refreshed is not None and self.fill and self.wait_s > 0 and ctx.node_id is not None:
             head = bytes(frame[:offset])
-            return Hold(self._after_refresh(conn, key, version, resp, head, bytes(frame), missing, filled, refreshed))
-        conn.stats.leader_hints["none"] += len(missing)
+            return Hold(self._after_refresh(ctx, key, version, resp, head, bytes(frame), missing, filled, refreshed))
+        ctx.stats.leader_hints["none"] += len(missing)
         return bytes(frame[:offset]) + encode_body(resp) if filled else frame
 
-    def on_stream_head(self, conn, entry, head) -> bool:
+    def on_stream_head(self, ctx, entry, head) -> bool:
         # KIP-951: brokers set CurrentLeader and NodeEndpoints only for partitions that failed
         # with NOT_LEADER_OR_FOLLOWER or FENCED_LEADER_EPOCH; without one there is nothing to
-        # learn or fill, so the response may stream (see filters.base.StreamRoute).
+        # learn or fill, so the response may stream (see proxy.routes.StreamRoute).
         return _MOVED.isdisjoint(head.error_codes)
 
-    def on_stream_tail(self, conn, entry, node_endpoints: int) -> bool:
+    def on_stream_tail(self, ctx, entry, node_endpoints: int) -> bool:
         return True  # nothing moved (the head said so): nothing to learn or fill
 
     def _refresh(self, missing):
@@ -86,7 +84,7 @@ class LeaderHintFilter:
             return None
         return self.refresher.request(topics, ids)
 
-    async def _after_refresh(self, conn, key, version, resp, head: bytes, original: bytes, missing,
+    async def _after_refresh(self, ctx, key, version, resp, head: bytes, original: bytes, missing,
                              filled_before: bool, refreshed):
         """The response once the cache can name the leaders: tried again after every refresh
         round that ends (the one already running may bring them); a round of its own that
@@ -100,20 +98,20 @@ class LeaderHintFilter:
                 break
             any_round = self.refresher.round_end()
             await asyncio.wait({refreshed, any_round}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
-            still = self._fill_all(conn, key, version, resp, missing)
+            still = self._fill_all(ctx, key, version, resp, missing)
             filled = filled or len(still) < len(missing)
             missing = still
             if missing and refreshed.done():
                 refreshed = self._refresh(missing)
                 if refreshed is None:
                     break
-        conn.stats.leader_hints["none"] += len(missing)
+        ctx.stats.leader_hints["none"] += len(missing)
         return head + encode_body(resp) if filled else original
 
-    def _learn(self, conn, key: int, version: int, resp) -> list:
+    def _learn(self, ctx, key: int, version: int, resp) -> list:
         """Learns the broker's hints; returns (topic name or None, topic id, index, partition)
         of the partitions without one."""
-        cache, stats, now_s = self.cache, conn.stats, time.monotonic()
+        cache, stats, now_s = self.cache, ctx.stats, time.monotonic()
         missing = []
         for topic in resp.responses:
             name = topic.name if version < 13 else cache.name_of(topic.topic_id)
@@ -131,11 +129,11 @@ class LeaderHintFilter:
                     missing.append((name, getattr(topic, "topic_id", None), index, p))
         return missing
 
-    def _fill_all(self, conn, key: int, version: int, resp, missing: list) -> list:
+    def _fill_all(self, ctx, key: int, version: int, resp, missing: list) -> list:
         """Fills what the cache can; returns the partitions still without a hint."""
-        return [m for m in missing if not self._fill(conn, key, version, resp, m)]
+        return [m for m in missing if not self._fill(ctx, key, version, resp, m)]
 
-    def _fill(self, conn, key: int, version: int, resp, missing) -> bool:
+    def _fill(self, ctx, key: int, version: int, resp, missing) -> bool:
         """Fills one partition's hint from the cache if the proxy is sure of it."""
         name, topic_id, index, p = missing
         if name is None:  # known by id only: the refresh may have taught the cache its name
@@ -144,33 +142,34 @@ class LeaderHintFilter:
         # Only a leader other than the broker that refused, at a known epoch, with an address:
         # never a hint the proxy is not sure of (an empty one is always fine). A client applies
         # it only if its epoch is newer than the one it has (KIP-951).
-        if (known is None or known.epoch < 0 or conn.node_id is None or known.leader == conn.node_id
-                or known.leader not in conn.cluster.brokers):
+        if (known is None or known.epoch < 0 or ctx.node_id is None or known.leader == ctx.node_id
+                or known.leader not in ctx.cluster.brokers):
             return False
         cls = SPECS[key].response[version]
         partition_cls = (cls.TopicProduceResponse.PartitionProduceResponse if key == ApiKey.PRODUCE
                          else cls.FetchableTopicResponse.PartitionData)
         p.current_leader = partition_cls.LeaderIdAndEpoch(leader_id=known.leader, leader_epoch=known.epoch)
         if all(ep.node_id != known.leader for ep in resp.node_endpoints or ()):
-            host, port = conn.cluster.brokers[known.leader]
+            host, port = ctx.cluster.brokers[known.leader]
             resp.node_endpoints = [*(resp.node_endpoints or ()),
                                    cls.NodeEndpoint(node_id=known.leader, host=host, port=port, rack=None)]
-        conn.stats.leader_hints["proxy"] += 1
+        ctx.stats.leader_hints["proxy"] += 1
         return True
 
 
 class UpliftFilter:
     """Sends Produce v10 / Fetch v16 to a broker that only has v9 / v15 (see the module doc)."""
 
-    api_keys = frozenset(UPLIFT_FROM)
-    request_since = {key: lower + 1 for key, lower in UPLIFT_FROM.items()}  # only these go up
-    needs_uplift = True  # a connection whose broker needs no uplift skips it (FilterChain)
+    # Only the versions above the broker's go up; a connection whose broker needs no uplift
+    # skips it.
+    spec = FilterSpec(request_keys=frozenset(UPLIFT_FROM), needs_uplift=True,
+                      request_since={key: lower + 1 for key, lower in UPLIFT_FROM.items()})
 
-    def on_request(self, conn, header, frame, entry):
-        lower = conn.uplift.get(header.api_key) if conn.uplift else None
+    def on_request(self, ctx, header, frame, entry):
+        lower = ctx.uplift.get(header.api_key) if ctx.uplift else None
         if lower is None or header.api_version <= lower:
             return None
-        conn.stats.uplifted_requests[api_name(header.api_key)] += 1
+        ctx.stats.uplifted_requests[api_name(header.api_key)] += 1
         # The version is bytes 2-3 of the request header; the response is parsed at the
         # client's version (entry.api_version), whose body the lower version's body already is.
         patched = bytearray(frame)  # the one copy: it is written to the broker as it is

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from protocol.apis import ApiKey
 from quotas.limiters import RateLimiter, Usage
 
+from .api import FilterSpec, Forward
 from .quotas import now_ms
 from .records import count_fetched, produce_scan
 
@@ -17,8 +18,8 @@ log = logging.getLogger(__name__)
 
 
 class RateLimiterFilter:
-    """Shown the requests (and Fetch responses) some limiter asked for; ``api_keys`` and
-    ``response_api_keys`` follow the limiters as (re)configured."""
+    """Shown the requests (and Fetch responses) some limiter asked for; its spec follows the
+    limiters as (re)configured."""
 
     def __init__(self, limiters: Sequence[RateLimiter], clock=now_ms) -> None:
         self.clock = clock
@@ -35,45 +36,39 @@ class RateLimiterFilter:
                 by_key.setdefault(key, []).append(lim)
         self._by_key = {key: tuple(lims) + self._all_apis for key, lims in by_key.items()}
         self._on_fetch = tuple(lim for lim in self.limiters if lim.fetch_responses)
-        self.api_keys: frozenset[int] | None = None if self._all_apis else frozenset(self._by_key)
-        self.response_api_keys = frozenset({ApiKey.FETCH}) if self._on_fetch else frozenset()
+        self.spec = FilterSpec(
+            request_keys=None if self._all_apis else frozenset(self._by_key),
+            response_keys=frozenset({ApiKey.FETCH}) if self._on_fetch else frozenset(),
+            idle=not (self._all_apis or self._by_key or self._on_fetch),  # no limiter wants to see anything
+        )
 
-    @property
-    def idle(self) -> bool:
-        """No limiter wants to see anything (see FilterChain)."""
-        return not (self._all_apis or self._by_key or self._on_fetch)
-
-    def on_request(self, conn, header, frame, entry):
+    def on_request(self, ctx, header, frame, entry):
         key = header.api_key
         limiters = self._by_key.get(key, self._all_apis)
         if not limiters:
             return None
         batches = records = 0
         if key == ApiKey.PRODUCE:
-            scan = produce_scan(conn, header, frame, entry)
+            scan = produce_scan(ctx, header, frame, entry)
             if scan is not None:
                 batches, records = scan.batches, scan.records
-        usage = Usage(conn.session.principal, header.client_id or "", key, header.api_version,
+        usage = Usage(ctx.session.principal, header.client_id or "", key, header.api_version,
                       len(frame), batches, records)
         throttle = self._throttle(limiters, usage)
-        if throttle > entry.throttle_ms:
-            entry.throttle_ms = throttle
-        return None
+        return Forward(throttle_ms=throttle) if throttle else None
 
-    def on_response(self, conn, entry, frame):
+    def on_response(self, ctx, entry, frame):
         limiters = self._on_fetch
         if not limiters:
             return frame
-        if not count_fetched(conn, entry, frame):
+        if not count_fetched(ctx, entry, frame):
             return frame
-        usage = Usage(conn.session.principal, conn.session.client_id or "", entry.api_key, entry.api_version,
+        usage = Usage(ctx.session.principal, ctx.session.client_id or "", entry.api_key, entry.api_version,
                       len(frame), entry.batches, entry.records, response=True)
         # KIP-731: the records are delivered and the client then pauses just long enough to
         # bring its rate back to the bound (not emptied and re-fetched like a byte quota).
         throttle = self._throttle(limiters, usage)
-        if throttle > entry.throttle_ms:
-            entry.throttle_ms = throttle
-        return frame
+        return Forward(frame, throttle_ms=throttle) if throttle else frame
 
     def _throttle(self, limiters, usage: Usage) -> int:
         now = self.clock()

@@ -12,7 +12,7 @@ from protocol.apis import ApiKey
 from protocol.produce import produce_error_response
 from quotas.producer_ids import ProducerIdQuotaManager
 
-from .base import Answer, Close, Defer
+from .api import Answer, Close, Defer, FilterSpec
 from .quotas import now_ms
 from .records import produce_scan
 
@@ -22,7 +22,6 @@ REJECTED_MESSAGE = "producer_ids_rate exceeded: too many new producer ids for th
 
 
 class ProducerIdQuotaFilter:
-    api_keys = frozenset({ApiKey.PRODUCE})
 
     def __init__(self, manager: ProducerIdQuotaManager, reaction: str = "reject", clock=now_ms) -> None:
         if reaction not in ("reject", "delay"):
@@ -33,18 +32,18 @@ class ProducerIdQuotaFilter:
         self.delayed_total = 0  # requests held by the delay reaction
 
     @property
-    def idle(self) -> bool:
-        """No producer_ids_rate quota (see FilterChain)."""
-        return not self.manager.active
+    def spec(self) -> FilterSpec:
+        """Produce requests; idle without a producer_ids_rate quota."""
+        return FilterSpec(request_keys=frozenset({ApiKey.PRODUCE}), idle=not self.manager.active)
 
-    def on_request(self, conn, header, frame, entry):
+    def on_request(self, ctx, header, frame, entry):
         manager = self.manager
         if not manager.active:
             return None
-        scan = produce_scan(conn, header, frame, entry)
+        scan = produce_scan(ctx, header, frame, entry)
         if scan is None or not scan.producer_ids:
             return None
-        user = conn.session.principal
+        user = ctx.session.principal
         delay = self.reaction == "delay"
         decision = manager.admit(user, scan.producer_ids, self.clock(), rejecting=not delay)
         if decision.admitted:
@@ -56,13 +55,12 @@ class ProducerIdQuotaFilter:
             # Nothing can be answered to acks=0: KafkaApis.handleProduceRequest closes the
             # connection of an acks=0 produce that failed, so the client learns of it.
             return Close(f"new producer ids over producer_ids_rate for user {user!r} on an acks=0 produce")
-        if decision.throttle_ms > entry.throttle_ms:
-            entry.throttle_ms = decision.throttle_ms  # answered, then the connection is muted (KIP-219)
+        throttle = max(entry.throttle_ms, decision.throttle_ms)  # answered, then muted (KIP-219)
         entry.rejected = True
         return Answer(produce_error_response(
             header.correlation_id, header.api_version, scan.topics,
-            errors.THROTTLING_QUOTA_EXCEEDED, entry.throttle_ms, REJECTED_MESSAGE,
-        ))
+            errors.THROTTLING_QUOTA_EXCEEDED, throttle, REJECTED_MESSAGE,
+        ), throttle_ms=throttle)
 
     async def _admitted_later(self, user: str, producer_ids, wait_ms: int):
         """Waits until the quota admits the request's new ids (another connection of the same

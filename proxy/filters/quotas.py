@@ -1,6 +1,6 @@
 """Rate quotas: request_rate on every request, producer_byte_rate on Produce, consumer_byte_rate
 on Fetch responses. Record, then check (Kafka's Sensor.record with checkQuotas); the throttle
-is noted on the request's entry and becomes the response's throttle_time_ms and a mute."""
+is part of the decision (Forward) and becomes the response's throttle_time_ms and a mute."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from protocol.fetch import cap_fetch_bytes, fetch_session, throttled_fetch_body
 from protocol.headers import response_body_offset
 from quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, REQUEST_RATE, QuotaManager
 
-from .base import Forward
+from .api import FilterSpec, Forward
 
 
 def now_ms() -> int:
@@ -19,8 +19,6 @@ def now_ms() -> int:
 
 
 class RateQuotaFilter:
-    api_keys = None  # request side: every API
-    response_api_keys = frozenset({ApiKey.FETCH})
 
     def __init__(self, manager: QuotaManager, max_value_window_s: float, clock=now_ms) -> None:
         self.manager = manager
@@ -28,15 +26,16 @@ class RateQuotaFilter:
         self.clock = clock
 
     @property
-    def idle(self) -> bool:
-        """No quota entry at all: nothing to record or check (see FilterChain)."""
-        return not self.manager.rules
+    def spec(self) -> FilterSpec:
+        """Every request, and Fetch responses; idle without any quota entry (nothing to record
+        or check)."""
+        return FilterSpec(request_keys=None, response_keys=frozenset({ApiKey.FETCH}), idle=not self.manager.rules)
 
-    def on_request(self, conn, header, frame, entry):
+    def on_request(self, ctx, header, frame, entry):
         manager = self.manager
         if not manager.rules:
             return None
-        user, client_id = conn.session.principal, header.client_id or ""
+        user, client_id = ctx.session.principal, header.client_id or ""
         now = self.clock()
         throttle = manager.check_and_record(user, client_id, REQUEST_RATE, 1, now).throttle_ms
         key = header.api_key
@@ -46,12 +45,11 @@ class RateQuotaFilter:
             throttle = max(throttle, produced.throttle_ms)
         elif key == ApiKey.FETCH and header.body_offset >= 0:
             entry.fetch_session = fetch_session(frame, header.body_offset, header.api_version)
-            if throttle > entry.throttle_ms:
-                entry.throttle_ms = throttle
-            return self._cap_fetch(header, frame, user, client_id)
-        if throttle > entry.throttle_ms:
-            entry.throttle_ms = throttle
-        return None
+            capped = self._cap_fetch(header, frame, user, client_id)
+            if capped is not frame or throttle:
+                return Forward(None if capped is frame else capped, throttle_ms=throttle)
+            return None
+        return Forward(throttle_ms=throttle) if throttle else None
 
     def _cap_fetch(self, header, frame, user: str, client_id: str):
         # KafkaApis.handleFetchRequest: a fetch may not ask for more than the quota admits in
@@ -59,16 +57,15 @@ class RateQuotaFilter:
         # larger than the window could hold would be throttled, emptied and asked for again forever.
         resolved = self.manager.resolve(user, client_id, CONSUMER_BYTE_RATE)
         if resolved is None:
-            return None
+            return frame
         cap = max(int(resolved.quota * self.max_value_window_s), 1)
-        capped = cap_fetch_bytes(frame, header.body_offset, header.api_version, min(cap, 2**31 - 1))
-        return None if capped is frame else Forward(capped)
+        return cap_fetch_bytes(frame, header.body_offset, header.api_version, min(cap, 2**31 - 1))
 
-    def on_response(self, conn, entry, frame):
+    def on_response(self, ctx, entry, frame):
         manager = self.manager
         if not manager.rules:
             return frame
-        user, client_id = conn.session.principal, conn.session.client_id or ""
+        user, client_id = ctx.session.principal, ctx.session.client_id or ""
         now = self.clock()
         size = len(frame)
         throttle = manager.check_and_record(user, client_id, CONSUMER_BYTE_RATE, size, now).throttle_ms
@@ -76,6 +73,7 @@ class RateQuotaFilter:
             return frame
         # KafkaApis: a fetch over its byte quota is answered empty, and its bytes un-recorded.
         manager.unrecord(user, client_id, CONSUMER_BYTE_RATE, size, now)
-        entry.throttle_ms = max(entry.throttle_ms, throttle)
+        throttle = max(entry.throttle_ms, throttle)
         offset = response_body_offset(frame, entry.api_key, entry.api_version)
-        return bytes(frame[:offset]) + throttled_fetch_body(entry.api_version, entry.throttle_ms, entry.fetch_session)
+        body = throttled_fetch_body(entry.api_version, throttle, entry.fetch_session)
+        return Forward(bytes(frame[:offset]) + body, throttle_ms=throttle)

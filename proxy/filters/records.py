@@ -13,7 +13,7 @@ log = logging.getLogger(__name__)
 _unreadable = LogLimiter(log)  # a client can send unreadable batches at will
 
 
-def produce_scan(conn, header, frame, entry) -> ProduceScan | None:
+def produce_scan(ctx, header, frame, entry) -> ProduceScan | None:
     """The request's :class:`ProduceScan`, cached on its in-flight entry.
 
     None for a request whose records cannot be read: it is counted and logged, then forwarded
@@ -25,9 +25,9 @@ def produce_scan(conn, header, frame, entry) -> ProduceScan | None:
     try:
         scan = scan_produce_request(frame, header.body_offset, header.api_version)
     except RecordsError as exc:
-        conn.stats.records_scan_failures["Produce"] += 1
+        ctx.stats.records_scan_failures["Produce"] += 1
         _unreadable.log(logging.WARNING, "unreadable record batches from %s (client_id=%s): %s; forwarded uncharged",
-                        conn.label, header.client_id, exc)
+                        ctx.label, header.client_id, exc)
         entry.produce = False
         return None
     entry.produce = scan
@@ -35,7 +35,7 @@ def produce_scan(conn, header, frame, entry) -> ProduceScan | None:
     return scan
 
 
-def count_fetched(conn, entry, frame) -> bool:
+def count_fetched(ctx, entry, frame) -> bool:
     """Counts a Fetch response's records and batches onto its in-flight entry, once.
 
     False for a response whose batches cannot be read: it is counted and logged, and passes on
@@ -47,10 +47,10 @@ def count_fetched(conn, entry, frame) -> bool:
     try:
         counted = count_fetch_records(memoryview(frame)[offset:], entry.api_version)
     except RecordsError as exc:
-        conn.stats.records_scan_failures["Fetch"] += 1
+        ctx.stats.records_scan_failures["Fetch"] += 1
         _unreadable.log(logging.WARNING,
                         "unreadable record batches in a Fetch response for %s: %s; not counted or charged",
-                        conn.label, exc)
+                        ctx.label, exc)
         entry.records = 0
         return False
     entry.records, entry.batches = counted.records, counted.batches

@@ -10,6 +10,7 @@ from protocol.messages import decode_request, decode_response
 from proxy.principal import SaslError, principal_from_client_token, scram_exchange_complete
 
 from ..logs import LogLimiter
+from .api import FilterSpec
 
 log = logging.getLogger(__name__)
 _unreadable_token = LogLimiter(log)  # a client can send unreadable tokens at will
@@ -20,11 +21,12 @@ class SaslFilter:
     schema does not allow one, and Kafka's own reader refuses it) raises DecodeError; a token
     no principal can be read from claims none."""
 
-    api_keys = frozenset({ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
+    spec = FilterSpec(request_keys=frozenset({ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE}),
+                      response_keys=frozenset({ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE}))
 
-    def on_request(self, conn, header, frame, entry):
+    def on_request(self, ctx, header, frame, entry):
         req = decode_request(header.api_key, header.api_version, memoryview(frame)[header.body_offset :])
-        session = conn.session
+        session = ctx.session
         if header.api_key == ApiKey.SASL_HANDSHAKE:
             session.sasl_mechanism = req.mechanism
             return None
@@ -34,22 +36,22 @@ class SaslFilter:
         except (SaslError, UnicodeDecodeError, RecursionError) as exc:
             # RecursionError: json's decoder on a JWT payload nested deeper than the stack.
             _unreadable_token.log(logging.WARNING, "cannot read principal from %s token on %s: %s",
-                                  mechanism, conn.label, exc)
+                                  mechanism, ctx.label, exc)
             claimed = None
         if claimed is not None:
             session.claimed_principal = claimed
         return None
 
-    def on_response(self, conn, entry, frame):
+    def on_response(self, ctx, entry, frame):
         offset = response_body_offset(frame, entry.api_key, entry.api_version)
         resp = decode_response(entry.api_key, entry.api_version, memoryview(frame)[offset:])
-        session = conn.session
+        session = ctx.session
         if entry.api_key == ApiKey.SASL_HANDSHAKE:
             if resp.error_code != 0:
                 session.sasl_mechanism = None
             elif entry.api_version == 0:
                 # SaslHandshake v0: the SASL tokens that follow are raw frames, not requests.
-                conn.start_raw_sasl(session.sasl_mechanism)
+                ctx.start_raw_sasl(session.sasl_mechanism)
             return frame
         if resp.error_code != 0:
             session.claimed_principal = None
@@ -58,5 +60,5 @@ class SaslFilter:
         done = not mechanism.startswith("SCRAM-") or scram_exchange_complete(bytes(resp.auth_bytes))
         if done and session.claimed_principal is not None:
             session.authenticate(session.claimed_principal)
-            log.info("authenticated %s as %s via %s", conn.label, session.principal, mechanism)
+            log.info("authenticated %s as %s via %s", ctx.label, session.principal, mechanism)
         return frame

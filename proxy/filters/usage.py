@@ -6,28 +6,28 @@ from __future__ import annotations
 from protocol.apis import ApiKey
 from quotas.producer_ids import ProducerIdObserver
 
+from .api import FilterSpec
 from .quotas import now_ms
 from .records import count_fetched, produce_scan
 
 
 class UsageFilter:
-    api_keys = frozenset({ApiKey.PRODUCE})
-    response_api_keys = frozenset({ApiKey.FETCH})
+    spec = FilterSpec(request_keys=frozenset({ApiKey.PRODUCE}), response_keys=frozenset({ApiKey.FETCH}))
 
     def __init__(self, producer_ids: ProducerIdObserver, count_fetch_records: bool = True, clock=now_ms) -> None:
         self.producer_ids = producer_ids
         self.count_fetch_records = count_fetch_records
         self.clock = clock
 
-    def on_request(self, conn, header, frame, entry):
+    def on_request(self, ctx, header, frame, entry):
         # Before the producer-id quota: a rejected request's ids were still asked for.
-        scan = produce_scan(conn, header, frame, entry)
+        scan = produce_scan(ctx, header, frame, entry)
         if scan is not None and scan.producer_ids:
-            entry.new_producer_ids = self.producer_ids.new_ids(conn.session.principal, scan.producer_ids, self.clock())
+            entry.new_producer_ids = self.producer_ids.new_ids(ctx.session.principal, scan.producer_ids, self.clock())
         return None
 
-    def on_response(self, conn, entry, frame):
+    def on_response(self, ctx, entry, frame):
         if self.count_fetch_records:
-            count_fetched(conn, entry, frame)  # at most once per response
+            count_fetched(ctx, entry, frame)  # at most once per response
         return frame
 

@@ -20,8 +20,11 @@ from kafka.protocol.producer import ProduceRequest
 from config import parse_config
 from protocol.apis import SPECS, ApiKey
 from protocol.frames import FrameReader
-from proxy.connection import AS_READ, ClientConnection, InFlight, UpstreamConnection
-from proxy.filters.base import Defer, FilterChain
+from proxy.connection import ClientConnection, UpstreamConnection
+from proxy.filters.api import Defer, FilterSpec
+from proxy.filters.chain import FilterChain
+from proxy.inflight import InFlight
+from proxy.routes import AS_READ, plan_route
 from proxy.server import ProxyServer
 from proxy.stats import SLOT_VERSIONS
 
@@ -226,7 +229,7 @@ def run(chunks_of, requests: list[bytes], ping_pong: bool) -> tuple[Pair, list]:
 
         for chunk in chunks_of(b"".join(requests)) if not ping_pong else [c for r in requests for c in chunks_of(r)]:
             pair.conn.data_received(chunk)
-            seen_ids.append(pair.conn.session.client_id)
+            seen_ids.append(pair.conn.ctx.session.client_id)
             if ping_pong:
                 answer_new()
         answer_new()
@@ -277,7 +280,7 @@ def outcome(pair: Pair) -> dict:
         "unknown": s.unknown_api_requests,
         "bytes": (s.bytes_client_to_upstream, s.bytes_upstream_to_client),
         "latency_counts": {k: sum(h.counts) for k, h in s.latency.items()},
-        "owed": len(pair.conn._pending),
+        "owed": len(pair.conn.queue.pending),
         "closed": pair.client.closed,
     }
 
@@ -318,14 +321,14 @@ def test_a_long_response_nothing_changes_goes_back_as_it_comes():
         pair.up.data_received(chunks[1])
         assert pair.client.writes[written:] == [chunks[0], chunks[1]]  # as they came, unassembled
         assert pair.client.writes[written] is chunks[0]
-        assert pair.conn._pending[0].correlation_id == 2  # counted once its last byte is out
+        assert pair.conn.queue.pending[0].correlation_id == 2  # counted once its last byte is out
         pair.up.data_received(chunks[2])  # its end, and the next response whole
         frames = FrameReader(1 << 30).feed(pair.client.bytes())
         assert [struct.unpack_from(">i", f)[0] for f in frames] == [1, 2, 3, 4]  # 3 waited behind 2
         assert bytes(frames[1]) == response[4:]
         assert pair.server.stats.responses[(ApiKey.PRODUCE, 8)] == 1
         assert pair.server.stats.bytes_upstream_to_client == len(pair.client.bytes())
-        assert not pair.conn._pending and not pair.client.closed
+        assert not pair.conn.queue.pending and not pair.client.closed
 
     asyncio.run(go())
 
@@ -347,7 +350,7 @@ def test_broker_bytes_after_the_client_closed_mid_stream_are_dropped():
         pair.conn.data_received(long_request)
         response = answer(long_request[4:])
         pair.up.data_received(response[:40])  # streaming
-        pair.conn._close()
+        pair.conn.close()
         pair.up.data_received(response[40:60])  # the broker's bytes still on their way
         pair.up.data_received(b"LLLL" + response[64:])  # were this read as a frame: a 1.28 GB size
         assert pair.up._reader.idle and pair.up._reader.buffered_bytes == 0
@@ -367,7 +370,7 @@ def test_hot_paths_forward_the_very_bytes_that_came_in():
         pair.up.data_received(r1)
         pair.up.data_received(r2)
         assert pair.client.writes == [r1, r2] and pair.client.writes[0] is r1 and pair.client.writes[1] is r2
-        assert pair.conn.session.client_id == "app"
+        assert pair.conn.ctx.session.client_id == "app"
 
     asyncio.run(go())
 
@@ -379,7 +382,7 @@ def test_an_answer_waiting_behind_a_hot_path_response_goes_out_with_it():
         pair.conn.data_received(raw_request(ApiKey.API_VERSIONS, 99, 3, b"app", b"\x00"))  # the proxy answers
         assert len(pair.client.writes) == 1  # the answer to 3 waits for the broker's to 2
         pair.up.data_received(answer(list_offsets(2, "app")[4:]))
-        assert pair.answered() == [1, 2, 3] and not pair.conn._pending
+        assert pair.answered() == [1, 2, 3] and not pair.conn.queue.pending
 
     asyncio.run(go())
 
@@ -407,7 +410,7 @@ def test_a_reload_that_adds_a_quota_puts_its_filter_back_on_every_request():
         pair.server.reload(parse_config(raw))
         seen = len(pair.requests_seen_by_broker())
         pair.conn.data_received(request(ListOffsetsRequest[2](replica_id=-1, isolation_level=0, topics=[]), 3, "app"))
-        throttle = pair.conn._pending[-1].throttle_ms
+        throttle = pair.conn.queue.pending[-1].throttle_ms
         body = struct.pack(">i", 3) + bytes(ListOffsetsResponse[2](throttle_time_ms=0, topics=[]).encode())
         pair.up.data_received(struct.pack(">i", len(body)) + body)
         # The quota is recorded on every request again: the throttle is written into the
@@ -424,15 +427,17 @@ def test_a_reload_that_adds_a_quota_puts_its_filter_back_on_every_request():
 
 def test_idle_filters_are_left_out_until_a_refresh_finds_them_busy():
     class Quota:
-        api_keys = None
         idle = True
+
+        @property
+        def spec(self):
+            return FilterSpec(request_keys=None, idle=self.idle)
 
         def on_request(self, conn, header, frame, entry):
             return None
 
     class Versions:
-        api_keys = frozenset({ApiKey.API_VERSIONS})
-        request_since = {ApiKey.API_VERSIONS: 5}
+        spec = FilterSpec(request_keys=frozenset({ApiKey.API_VERSIONS}), request_since={ApiKey.API_VERSIONS: 5})
 
         def on_request(self, conn, header, frame, entry):
             return None
@@ -526,7 +531,7 @@ def test_an_api_versions_answer_the_proxy_would_write_alike_goes_back_as_the_bro
             pair.up.data_received(sent[-1])
         assert pair.client.bytes() == b"".join(sent)
         assert pair.client.writes[-1] is sent[-1]  # not even copied
-        assert pair.conn.uplift == {}
+        assert pair.conn.ctx.uplift == {}
 
     asyncio.run(go())
 
@@ -555,17 +560,17 @@ def test_a_hot_path_entry_is_the_one_init_and_route_make():
         pair = armed_pair()
         for key, frame in ((LIST_OFFSETS, list_offsets(7, "app")), (ApiKey.API_VERSIONS, api_versions(3, 8, "app"))):
             pair.conn.data_received(frame)
-            entry = pair.conn._pending[-1]
-            assert pair.conn._awaiting_upstream[-1] is entry
+            entry = pair.conn.queue.pending[-1]
+            assert pair.conn.queue.awaiting[-1] is entry
             made = InFlight(struct.unpack_from(">i", frame, 8)[0], key, struct.unpack_from(">h", frame, 6)[0],
                             entry.received_at, len(frame) - 4)
-            pair.conn._route(made)
+            made.route = plan_route(pair.conn.chain.response_route, made)
             for field in InFlight.__slots__:
                 if field != "__dict__":
                     assert getattr(entry, field) == getattr(made, field), field
             assert entry.__dict__ == {} and entry.throttle_ms == 0 and entry.on_response is None
-        assert pair.conn._pending[0].route is AS_READ  # ListOffsets: nothing looks at its response
-        assert pair.conn._pending[1].route is not AS_READ  # ApiVersions: its filter's chunk rewrite
+        assert pair.conn.queue.pending[0].route is AS_READ  # ListOffsets: nothing looks at its response
+        assert pair.conn.queue.pending[1].route is not AS_READ  # ApiVersions: its filter's chunk rewrite
 
     asyncio.run(go())
 
@@ -598,7 +603,7 @@ def test_a_reload_sends_responses_still_awaited_through_the_filters_then_in_forc
         pair = armed_pair()
         fetch = request(FetchRequest[4](max_wait_ms=500, topics=[]), 2, "app")
         pair.conn.data_received(fetch)
-        assert pair.conn._pending[-1].route is AS_READ  # no filter looks at a Fetch v4 response now
+        assert pair.conn.queue.pending[-1].route is AS_READ  # no filter looks at a Fetch v4 response now
         # While the fetch is in flight, a consumer byte quota arrives: its response is charged
         # under it (Kafka records a fetch response when it is sent) and answered throttled.
         pair.server.reload(parse_config({**BASE, "quotas": [{"client_id": "app", "consumer_byte_rate": 1}]}))
@@ -613,7 +618,7 @@ def test_a_reload_sends_responses_still_awaited_through_the_filters_then_in_forc
 
 def test_a_response_chunk_filter_is_used_only_where_it_is_the_only_filter():
     class Chunked:
-        api_keys = frozenset({ApiKey.API_VERSIONS, ApiKey.METADATA})
+        spec = FilterSpec(response_keys=frozenset({ApiKey.API_VERSIONS, ApiKey.METADATA}), chunk=True)
 
         def on_response(self, conn, entry, frame):
             return frame
@@ -622,7 +627,7 @@ def test_a_response_chunk_filter_is_used_only_where_it_is_the_only_filter():
             return chunk
 
     class Plain:
-        api_keys = frozenset({ApiKey.METADATA})
+        spec = FilterSpec(response_keys=frozenset({ApiKey.METADATA}))
 
         def on_response(self, conn, entry, frame):
             return frame
@@ -633,7 +638,7 @@ def test_a_response_chunk_filter_is_used_only_where_it_is_the_only_filter():
 
 
 def test_the_hot_path_reads_acks_behind_a_flexible_header_only_without_tagged_fields():
-    from proxy.connection import _acks_not_zero
+    from protocol.produce import framed_acks_not_zero as _acks_not_zero
 
     end = 12 + 2 + 3  # where a request header with client id "app" ends (before v2's tagged fields)
     acks1, acks0 = produce(9, 1, 1, "app"), produce(9, 0, 2, "app")
@@ -647,7 +652,7 @@ def test_the_hot_path_reads_acks_behind_a_flexible_header_only_without_tagged_fi
 
 @pytest.mark.parametrize("version", range(ProduceRequest.max_version + 1))
 def test_the_hot_path_reads_acks_with_and_without_a_transactional_id(version):
-    from proxy.connection import _acks_not_zero
+    from protocol.produce import framed_acks_not_zero as _acks_not_zero
 
     end = 12 + 2 + 3  # where a request header with client id "app" ends (before v2's tagged fields)
     for transactional_id in (None, "", "tx-1", "t" * 200):
@@ -663,7 +668,7 @@ def test_a_raw_sasl_token_that_looks_like_a_request_is_not_taken_by_the_hot_path
         # A PLAIN token whose bytes read like a ListOffsets v1 request from "app".
         token = list_offsets(2, "app")
         pair.conn.data_received(token)
-        entry = pair.conn._pending[-1]
+        entry = pair.conn.queue.pending[-1]
         assert entry.raw and entry.api_key == ApiKey.SASL_AUTHENTICATE
         assert pair.server.stats.requests[(2, 1)] == 1  # the first request only
         assert pair.requests_seen_by_broker()[-1] == token[4:]
@@ -683,7 +688,7 @@ def test_a_request_behind_a_deferred_one_waits_for_it_even_on_the_hot_path():
         decided = asyncio.get_running_loop().create_future()
 
         class Deferring:  # decides CreateTopics later, as the controller mutation quota may
-            api_keys = frozenset({ApiKey.CREATE_TOPICS})
+            spec = FilterSpec(request_keys=frozenset({ApiKey.CREATE_TOPICS}))
 
             def on_request(self, conn, header, frame, entry):
                 async def later():
@@ -757,7 +762,7 @@ def test_a_broker_that_answers_acks0_does_not_disturb_the_hot_paths(ping_pong):
             pair.up.data_received(tansu_answer(acks0))
         pair.up.data_received(answer(hot[4:]))
         assert pair.answered() == [1, 3] and not pair.client.closed
-        assert pair.client.writes[-1] is not None and not pair.conn._pending
+        assert pair.client.writes[-1] is not None and not pair.conn.queue.pending
 
     asyncio.run(go())
 
@@ -829,7 +834,7 @@ def test_produce_v10_takes_the_hot_path_unless_its_connection_uplifts():
         assert pair.broker.writes[-1] is plain  # the uplift filter is not asked: nothing to do
         # A broker that only has Produce v9 (the ApiVersions answer set the uplift): the
         # client's v10 goes to the broker as v9 (KIP-951 uplift, proxy.filters.leaders).
-        pair.conn.uplift = {ApiKey.PRODUCE: 9}
+        pair.conn.ctx.set_uplift({ApiKey.PRODUCE: 9})
         pair.conn.data_received(produce(10, 1, 3, "app"))
         (version,) = struct.unpack_from(">h", pair.requests_seen_by_broker()[-1], 2)
         assert version == 9 and pair.server.stats.uplifted_requests["Produce"] == 1

@@ -18,7 +18,7 @@ from kafka.protocol.consumer import FetchResponse
 from config import parse_config
 from protocol.apis import ApiKey
 from protocol.messages import encode_body
-from proxy.filters.base import StreamRoute
+from proxy.routes import StreamRoute
 from proxy.server import ProxyServer
 from tests.support.kafka_messages import TOPIC_ID, make
 from tests.unit.test_connection_paths import BASE, Pair, armed_pair, list_offsets, raw_request
@@ -69,7 +69,7 @@ def test_a_long_fetch_response_nothing_moved_in_streams_with_its_tail_held_back(
     async def go():
         pair = armed_pair()
         before = sent_fetch(pair)
-        assert type(pair.conn._pending[-1].route) is StreamRoute
+        assert type(pair.conn.queue.pending[-1].route) is StreamRoute
         response = fetch_response(2)
         tail = 3  # the partition's, the topic's and the top-level tagged fields: empty
         chunks = [response[:200], response[200:-2], response[-2:]]
@@ -77,13 +77,13 @@ def test_a_long_fetch_response_nothing_moved_in_streams_with_its_tail_held_back(
         assert pair.client.writes[before:] == [chunks[0]]  # the very chunk, before the rest came
         pair.up.data_received(chunks[1])
         assert sent_since(pair, before) == response[:-tail]  # the tail waits
-        assert pair.conn._pending[0].correlation_id == 2  # counted once its last byte is out
+        assert pair.conn.queue.pending[0].correlation_id == 2  # counted once its last byte is out
         pair.up.data_received(chunks[2])
         assert sent_since(pair, before) == response
         assert pair.server.stats.responses[(ApiKey.FETCH, VERSION)] == 1
         assert pair.server.stats.responses_streamed == {ApiKey.FETCH: 1}
         assert pair.server.stats.bytes_upstream_to_client == len(pair.client.bytes())
-        assert not pair.conn._pending and not pair.client.closed and pair.up._reader.idle
+        assert not pair.conn.queue.pending and not pair.client.closed and pair.up._reader.idle
 
     asyncio.run(go())
 
@@ -98,7 +98,7 @@ def test_a_streamed_fetch_response_is_followed_by_the_next_response_in_the_same_
         pair.up.data_received(first[100:] + second)  # its end (tail included) and the next whole
         assert sent_since(pair, before) == first + second
         assert pair.server.stats.responses[(ApiKey.FETCH, VERSION)] == 2
-        assert not pair.conn._pending
+        assert not pair.conn.queue.pending
 
     asyncio.run(go())
 

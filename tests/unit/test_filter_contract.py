@@ -9,7 +9,8 @@ import logging
 import struct
 
 from config import parse_config
-from proxy.filters.base import FilterChain
+from proxy.filters.api import FilterSpec
+from proxy.filters.chain import FilterChain
 from proxy.server import ProxyServer
 
 from .test_connection_paths import BASE, Pair, list_offsets
@@ -18,14 +19,14 @@ LIST_OFFSETS = 2
 
 
 class BytesInsteadOfForward:
-    api_keys = frozenset({LIST_OFFSETS})
+    spec = FilterSpec(request_keys=frozenset({LIST_OFFSETS}))
 
     def on_request(self, conn, header, frame, entry):
         return bytes(frame)  # should have been Forward(bytes(frame))
 
 
 class NoneInsteadOfFrame:
-    api_keys = frozenset({LIST_OFFSETS})
+    spec = FilterSpec(response_keys=frozenset({LIST_OFFSETS}))
 
     def on_response(self, conn, entry, frame):
         return None  # should have returned frame

@@ -185,8 +185,8 @@ def test_time_the_proxy_itself_does_not_read_a_client_does_not_count():
         pair.conn.data_received(list_offsets(1, "app")[:5])
         pair.conn.mute(60_000)
         assert _sweep(pair, t + 100) is None  # muted: neither idle nor late
-        pair.conn._unmute.cancel()
-        pair.conn._end_mute()
+        pair.conn.channel_mute.cancel()
+        pair.conn.channel_mute.end()
         assert _sweep(pair, t + 101) is None
         assert _sweep(pair, t + 104) == "partial_request"
         pair.conn._teardown()

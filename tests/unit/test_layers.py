@@ -129,3 +129,32 @@ def test_the_pipeline_loads_neither_the_proxy_nor_asyncio_nor_prometheus_client(
             "print(sorted(m for m in sys.modules if m.partition('.')[0] in ('proxy', 'asyncio', 'prometheus_client')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
     assert out.strip() == "[]"
+
+
+# The connection core: what carries out decisions. Filters see it only through the filter API
+# (proxy.filters.api: FilterContext, decisions), never as a connection.
+CORE = frozenset({"proxy.connection", "proxy.requests", "proxy.response_queue", "proxy.upstream", "proxy.raw_sasl",
+                  "proxy.flow", "proxy.server", "proxy.cli"})
+
+
+def core_imports(module: str, source: str, is_package: bool = False) -> list[str]:
+    return [f"{module}:{line} imports {name}" for line, name in imported_modules(module, source, is_package)
+            if name in CORE or name.rpartition(".")[0] in CORE]
+
+
+def test_filters_see_the_filter_api_not_the_connection():
+    modules = [(m, p, pkg) for m, p, pkg in _modules("proxy") if m.startswith("proxy.filters")]
+    assert len(modules) > 8
+    violations = [v for module, path, is_package in modules
+                  for v in core_imports(module, path.read_text(encoding="utf-8"), is_package)]
+    assert violations == []
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("if TYPE_CHECKING:\n    from proxy.connection import ClientConnection\n",
+     ["proxy.filters.quotas:2 imports proxy.connection"]),
+    ("from ..response_queue import ResponseQueue\n", ["proxy.filters.quotas:1 imports proxy.response_queue"]),
+    ("from ..inflight import InFlight\nfrom .api import Forward\nfrom ..topics import TopicCache\n", []),
+])
+def test_the_filter_rule_catches_a_planted_violation(source, expected):
+    assert core_imports("proxy.filters.quotas", source) == expected

@@ -15,7 +15,7 @@ from protocol.messages import decode_response, encode_body
 from proxy.filters.api_versions import ApiVersionsFilter
 from proxy.filters.leaders import UpliftFilter, uplifted_caps
 from proxy.leaders import LeaderCache, PartitionLeader
-from proxy.stats import ProxyStats
+from tests.support.filter_context import filter_context
 from tests.unit.test_records import batch, produce_frame
 
 
@@ -89,7 +89,7 @@ def api_versions_frame(version: int, maxima: dict[int, int]) -> bytes:
 @pytest.mark.parametrize("uplift", [True, False])
 def test_api_versions_offers_one_version_more_and_requests_go_down(uplift):
     f = ApiVersionsFilter(uplift=uplift)
-    conn = SimpleNamespace(uplift=None, stats=ProxyStats())
+    conn = filter_context()
     frame = api_versions_frame(3, {0: 9, 1: 15, 3: 12})
     entry = SimpleNamespace(api_key=18, api_version=3)
     out = f.on_response(conn, entry, frame)
@@ -97,6 +97,7 @@ def test_api_versions_offers_one_version_more_and_requests_go_down(uplift):
     maxima = {e.api_key: e.max_version for e in resp.api_keys}
     assert maxima[0] == (10 if uplift else 9) and maxima[1] == (16 if uplift else 15)
     assert conn.uplift == ({0: 9, 1: 15} if uplift else {})
+    assert conn.actions == [("uplift", conn.uplift)]  # the connection is told
 
     request = produce_frame(10, {"t": {0: batch(2)}})
     header = parse_request_header(request)

@@ -39,10 +39,12 @@ from protocol.headers import (
 from protocol.messages import DecodeError, UnknownVersionError, decode_request, decode_response, encode_body
 from protocol.produce import produce_acks, produce_error_response
 from protocol.throttle import has_throttle_field, throttle_of, with_throttle
-from proxy.connection import ClientConnection, InFlight
-from proxy.filters.base import STREAM_SCANS, Defer, Forward, Hold, StreamRoute
+from proxy.connection import ClientConnection
+from proxy.filters.api import Defer, FilterContext, Forward, Hold
 from proxy.filters.controller_mutation import STRICT_SINCE, ControllerMutationFilter
 from proxy.filters.sasl import SaslFilter
+from proxy.inflight import InFlight
+from proxy.routes import STREAM_SCANS, StreamRoute
 from proxy.server import ProxyServer
 from proxy.topics import TopicCache
 
@@ -333,11 +335,12 @@ class Proxy:
         self.apis: dict = {}
         self.calls = 0
 
-    def conn(self, mechanism: str | None = None) -> ClientConnection:
-        conn = ClientConnection(self.server, NODE_ID)
-        conn.cluster = Cluster()
-        conn.session.sasl_mechanism = mechanism
-        return conn
+    def conn(self, mechanism: str | None = None) -> FilterContext:
+        """What a connection hands its filters."""
+        ctx = ClientConnection(self.server, NODE_ID).ctx
+        ctx.cluster = Cluster()
+        ctx.session.sasl_mechanism = mechanism
+        return ctx
 
     def call(self, where: str, what: str, fn, *args):
         """Runs one entry point; anything but a ProtocolError is a failure, and so is any
@@ -397,10 +400,10 @@ class Proxy:
 
     def stream(self, key: int, version: int, frame: bytes, what: str, conn) -> None:
         """The stream route the API's filters that offer it would take, from the first version
-        they all look at (filters.base.StreamRoute; with no quota or limiter on, they are the
+        they all look at (proxy.routes.StreamRoute; with no quota or limiter on, they are the
         API's only filters)."""
-        filters = tuple(f for f in self.response_filters(key, version) if hasattr(f, "on_stream_head"))
-        if not filters or version < min(getattr(f, "response_since", {}).get(key, 0) for f in filters):
+        filters = tuple(f for f in self.response_filters(key, version) if f.spec.stream)
+        if not filters or version < min(f.spec.response_since.get(key, 0) for f in filters):
             return
         route = StreamRoute(filters, STREAM_SCANS[key])
         chunk = struct.pack(">i", len(frame)) + frame
@@ -420,11 +423,12 @@ class Proxy:
             frame, _ = request_frame(key, version)
             header = parse_request_header(frame)
             entry = InFlight(header.correlation_id, key, version, 0.0, len(frame))
-            assert isinstance(mutations.on_request(self.conn(), header, frame, entry), Forward)
+            decision = mutations.on_request(self.conn(), header, frame, entry)
+            assert isinstance(decision, Forward)
         finally:
             mutations.manager = saved
-        assert entry.on_response is not None
-        return entry.on_response
+        assert decision.on_response is not None
+        return decision.on_response
 
     def report(self) -> str:
         return "\n".join(f"{n:6d} x {where}: {exc} from {raised_in}, e.g. {self.examples[key]}"
@@ -493,7 +497,7 @@ def proxy(tmp_path_factory):
 
 def test_the_pairs_come_from_the_filters_and_cover_what_they_decode(proxy):
     requests, responses = request_pairs(proxy.chain), response_pairs(proxy.chain)
-    filtered = {key for key, (_, fs) in proxy.chain.request.items() if any(f.api_keys is not None for f in fs)}
+    filtered = {key for key, (_, fs) in proxy.chain.request.items() if any(f.spec.request_keys is not None for f in fs)}
     assert {ApiKey.PRODUCE, ApiKey.SASL_AUTHENTICATE, ApiKey.CREATE_TOPICS, ApiKey.API_VERSIONS} <= filtered
     assert {(key, SPECS[key].max_version) for key in filtered} <= set(requests)
     assert {ApiKey.FETCH, ApiKey.METADATA, ApiKey.DESCRIBE_CLUSTER, ApiKey.SASL_HANDSHAKE} <= set(proxy.chain.response)
@@ -581,6 +585,7 @@ def test_a_negative_partition_count_gives_no_tokens_back(proxy):
     header = parse_request_header(frame)
     entry = InFlight(7, header.api_key, 5, 0.0)
     f = ControllerMutationFilter(quota_manager_for(proxy.config), EveryTopic(), 1, 1.0)
-    assert f.on_request(proxy.conn(), header, frame, entry) is None
+    decision = f.on_request(proxy.conn(), header, frame, entry)
+    assert isinstance(decision, Forward) and decision.frame is None  # forwarded as it is
     assert entry.mutations == 30
-    assert entry.throttle_ms > 0  # 30 partitions against a burst of 11: in debt
+    assert decision.throttle_ms > 0  # 30 partitions against a burst of 11: in debt

@@ -4,20 +4,19 @@ fake clock and a stand-in connection (these filters read only its principal, lab
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
 
 import pytest
 
 from protocol.headers import parse_request_header, response_body_offset
 from protocol.messages import decode_response
-from proxy.connection import InFlight
-from proxy.filters.base import Answer, Close, Defer
+from proxy.filters.api import Answer, Close, Defer, Forward
 from proxy.filters.limiters import RateLimiterFilter
 from proxy.filters.producer_ids import ProducerIdQuotaFilter
-from proxy.stats import ProxyStats
+from proxy.inflight import InFlight
 from quotas import QuotaManager, QuotaRule
 from quotas.limiters import LimiterContext, RateLimiter, RecordRateLimiter, Usage
 from quotas.producer_ids import ProducerIdQuotaManager, ProducerIdSettings
+from tests.support.filter_context import filter_context
 from tests.unit.test_records import batch, fetch_frame, produce_frame
 
 
@@ -30,7 +29,7 @@ class Clock:
 
 
 def conn(user: str = "alice"):
-    return SimpleNamespace(session=SimpleNamespace(principal=user, client_id="c"), label="test", stats=ProxyStats())
+    return filter_context(user)
 
 
 def request(frame: bytes):
@@ -64,7 +63,7 @@ def test_a_new_producer_id_over_the_quota_is_rejected_on_every_partition(version
     assert isinstance(decision, Answer)
     # 2 new ids per 10 s window, both spent at the same instant: the first token is back one
     # window later (rounded up to the end of its 10 s / 256 slot).
-    throttle = entry.throttle_ms
+    throttle = decision.throttle_ms  # the throttle is part of the decision, and in the answer
     assert 10_000 <= throttle <= 10_000 + 10_000 // 256
     body = memoryview(decision.frame)[response_body_offset(decision.frame, 0, version):]
     resp = decode_response(0, version, body)
@@ -160,8 +159,10 @@ def test_the_longest_throttle_of_all_limiters_applies_once():
     f = RateLimiterFilter([a, b, Broken()], Clock())
     frame = pid_frame(7)
     header, entry = request(frame)
-    entry.throttle_ms = 50  # what the byte quotas asked for
-    assert f.on_request(conn(), header, frame, entry) is None
+    entry.throttle(50)  # what the byte quotas asked for
+    decision = f.on_request(conn(), header, frame, entry)
+    assert decision == Forward(throttle_ms=300)  # the longest of the limiters'
+    entry.throttle(decision.throttle_ms)  # as the connection applies a decision
     assert entry.throttle_ms == 300
     assert a.seen == [Usage("alice", "golden", 0, 9, len(frame), 2, 3)]
     assert f.failures == {"Broken": 1}
@@ -178,15 +179,15 @@ def test_record_rate_limiter_counts_produced_and_fetched_records():
     f = RateLimiterFilter([limiter], clock)
     frame = produce_frame(9, {"t": {0: batch(30)}})
     header, entry = request(frame)
-    f.on_request(conn(), header, frame, entry)
     # 30 records against 10/s over a 1 s window minimum: (30 − 10) / 10 × 1000 ms.
-    assert entry.throttle_ms == 2000
+    assert f.on_request(conn(), header, frame, entry) == Forward(throttle_ms=2000)
     fetched = fetch_frame(12, batch(6) + batch(6))
     c = conn()
     c.session.client_id = "golden"
     fetch_entry = InFlight(5, 1, 12, 0.0)
-    assert f.on_response(c, fetch_entry, fetched) is fetched  # delivered, not emptied
-    assert fetch_entry.throttle_ms == 2000  # (12 − 4) / 4 × 1000 ms
+    decision = f.on_response(c, fetch_entry, fetched)
+    assert decision.frame is fetched  # delivered, not emptied
+    assert decision.throttle_ms == 2000  # (12 − 4) / 4 × 1000 ms
 
 
 def test_limiters_with_nothing_to_enforce_ask_for_nothing():

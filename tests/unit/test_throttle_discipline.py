@@ -54,8 +54,8 @@ def _correlation_ids(frames: list[bytes]) -> list[int]:
 
 def _end_mute(pair: Pair) -> None:
     """The mute's timer fires now (instead of after the throttle)."""
-    pair.conn._unmute.cancel()
-    pair.conn._end_mute()
+    pair.conn.channel_mute.cancel()
+    pair.conn.channel_mute.end()
 
 
 def test_requests_pipelined_behind_a_throttled_one_are_neither_charged_nor_forwarded():
@@ -65,7 +65,7 @@ def test_requests_pipelined_behind_a_throttled_one_are_neither_charged_nor_forwa
         chunk = b"".join(_produce(i) for i in range(1, 9))
         pair.conn.data_received(chunk)
         assert _correlation_ids(pair.requests_seen_by_broker()) == [1, 2, 3]
-        assert pair.conn._pending[-1].throttle_ms > 0
+        assert pair.conn.queue.pending[-1].throttle_ms > 0
         charged = _charged(pair, PRODUCER_BYTE_RATE)
         assert charged == 3 * len(_produce(1)) - 3 * 4  # request sizes, without size prefixes
         assert pair.client.paused  # not read while a throttled request is in progress
@@ -82,14 +82,14 @@ def test_held_requests_wait_for_the_response_and_the_mute_then_are_charged_one_b
     async def go():
         pair = _pair(producer_byte_rate=QUOTA_BYTES / 10)
         pair.conn.data_received(b"".join(_produce(i) for i in range(1, 7)))
-        throttled = pair.conn._pending[-1]
+        throttled = pair.conn.queue.pending[-1]
         for i in (1, 2, 3):
             pair.up.data_received(_produce_answer(i))
         # KIP-219: the throttled response goes back at once, carrying the throttle; the mute
         # follows it, and the held requests still wait.
         (throttle_in_response,) = struct.unpack_from(">i", pair.client.writes[-1], 4 + 4 + 4)
         assert throttle_in_response == throttled.throttle_ms > 0
-        assert pair.conn._unmute is not None and pair.client.paused
+        assert pair.conn.channel_mute.timer is not None and pair.client.paused
         assert _correlation_ids(pair.requests_seen_by_broker()) == [1, 2, 3]
         charged = _charged(pair, PRODUCER_BYTE_RATE)
         _end_mute(pair)
@@ -97,8 +97,8 @@ def test_held_requests_wait_for_the_response_and_the_mute_then_are_charged_one_b
         # is throttled and forwarded alone; the others stay held behind it.
         assert _correlation_ids(pair.requests_seen_by_broker()) == [1, 2, 3, 4]
         assert _charged(pair, PRODUCER_BYTE_RATE) == charged + len(_produce(4)) - 4
-        assert pair.conn._pending[-1].throttle_ms > 0 and pair.client.paused
-        assert len(pair.conn._held) == 2
+        assert pair.conn.queue.pending[-1].throttle_ms > 0 and pair.client.paused
+        assert len(pair.conn.requests.held) == 2
         pair.conn._teardown()
 
     asyncio.run(go())
@@ -109,10 +109,10 @@ def test_a_connection_under_its_quota_is_not_held():
         pair = _pair(producer_byte_rate=1e9, request_rate=1e6)
         pair.conn.data_received(b"".join(_produce(i) for i in range(1, 21)))
         assert _correlation_ids(pair.requests_seen_by_broker()) == list(range(1, 21))
-        assert not pair.client.paused and not pair.conn._held
+        assert not pair.client.paused and not pair.conn.requests.held
         for i in range(1, 21):
             pair.up.data_received(_produce_answer(i))
-        assert pair.conn._unmute is None and not pair.client.paused
+        assert pair.conn.channel_mute is None and not pair.client.paused  # never muted
         pair.conn._teardown()
 
     asyncio.run(go())
@@ -124,11 +124,11 @@ def test_a_throttled_acks0_produce_mutes_at_once_and_holds_what_follows():
         pair.conn.data_received(b"".join(_produce(i, acks=0) for i in range(1, 6)))
         # acks=0 has no response to carry the throttle: the mute starts with the request.
         assert _correlation_ids(pair.requests_seen_by_broker()) == [1, 2, 3]
-        assert pair.conn._unmute is not None and pair.client.paused
-        assert not pair.conn._pending  # nothing is registered or invented for acks=0
+        assert pair.conn.channel_mute.timer is not None and pair.client.paused
+        assert not pair.conn.queue.pending  # nothing is registered or invented for acks=0
         _end_mute(pair)
         assert _correlation_ids(pair.requests_seen_by_broker()) == [1, 2, 3, 4]
-        assert pair.conn._unmute is not None  # throttled again, muted again
+        assert pair.conn.channel_mute.timer is not None  # throttled again, muted again
         pair.conn._teardown()
 
     asyncio.run(go())
@@ -163,7 +163,7 @@ def test_a_reload_that_removes_the_quota_lets_held_requests_through_uncharged_on
         _end_mute(pair)
         # Charged (by nobody) when processed, under the configuration in force then.
         assert _correlation_ids(pair.requests_seen_by_broker()) == [1, 2, 3, 4, 5, 6]
-        assert not pair.client.paused and not pair.conn._held
+        assert not pair.client.paused and not pair.conn.requests.held
         pair.conn._teardown()
 
     asyncio.run(go())
@@ -174,7 +174,7 @@ def test_garbage_after_the_request_that_gets_throttled_is_rejected_once_the_hold
         pair = _pair(producer_byte_rate=QUOTA_BYTES / 10)
         # The third request crosses the quota and is the last whole frame before a bad size.
         pair.conn.data_received(b"".join(_produce(i) for i in range(1, 4)) + struct.pack(">i", -5))
-        assert pair.conn._held_error is not None and not pair.client.closed
+        assert pair.conn.requests.held_error is not None and not pair.client.closed
         for i in (1, 2, 3):
             pair.up.data_received(_produce_answer(i))
         _end_mute(pair)

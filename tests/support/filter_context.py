@@ -1,0 +1,45 @@
+"""A real FilterContext for unit tests of a filter alone: what a connection would hand it, with
+the actions recorded instead of carried out."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from proxy.filters.api import FilterContext
+from proxy.principal import Session
+from proxy.stats import ProxyStats
+
+
+class Recorder:
+    """Stands for the connection: lists the mutes, uplifts and raw SASL starts asked for."""
+
+    def __init__(self) -> None:
+        self.actions: list[tuple[str, object]] = []
+
+    def mute(self, throttle_ms: int) -> None:
+        self.actions.append(("mute", throttle_ms))
+
+    def uplift_changed(self, uplift) -> None:
+        self.actions.append(("uplift", uplift))
+
+    def start_raw_sasl(self, mechanism) -> None:
+        self.actions.append(("raw_sasl", mechanism))
+
+
+class RecordingContext(FilterContext):
+    __slots__ = ("actions",)
+
+
+def filter_context(principal: str | None = None, client_id: str | None = "c", cluster=None, topics=None,
+                   leaders=None, node_id: int | None = None) -> RecordingContext:
+    """``ctx.actions`` lists the mutes, uplifts and raw SASL starts the filter asked for."""
+    session = Session()
+    if principal is not None:
+        session.authenticate(principal)
+    session.client_id = client_id
+    recorder = Recorder()
+    ctx = RecordingContext(session, node_id, cluster or SimpleNamespace(brokers={}), topics, leaders, ProxyStats(),
+                           recorder)
+    ctx.label = "test"
+    ctx.actions = recorder.actions
+    return ctx
