@@ -22,6 +22,7 @@ from .model import (
     ControllerMutation,
     LeaderDiscovery,
     ListenConfig,
+    ListenTlsConfig,
     MetricsConfig,
     ProducerIdQuota,
     QuotaEntities,
@@ -291,7 +292,7 @@ def _listen(data: Any, path: str) -> ListenConfig:
     m = _mapping(
         data,
         path,
-        {"host", "advertised_host", "bootstrap_port", "broker_port_base", "node_ports", "max_frame_bytes"},
+        {"host", "advertised_host", "bootstrap_port", "broker_port_base", "node_ports", "max_frame_bytes", "tls"},
     )
     d = ListenConfig()
     node_ports_raw = m.get("node_ports", {})
@@ -310,6 +311,46 @@ def _listen(data: Any, path: str) -> ListenConfig:
         broker_port_base=_int(m, "broker_port_base", path, d.broker_port_base, 0, 65535),
         node_ports=MappingProxyType(node_ports),
         max_frame_bytes=_int(m, "max_frame_bytes", path, d.max_frame_bytes, 1024, 2**31 - 1),
+        tls=_listen_tls(m["tls"], f"{path}.tls") if m.get("tls") is not None else None,
+    )
+
+
+_CLIENT_AUTH = ("none", "requested", "required")
+
+
+def _listen_tls(data: Any, path: str) -> ListenTlsConfig:
+    """The files are checked where they are loaded (proxy.tls), so check-config and a start
+    report a missing or broken one with this path too."""
+    m = _mapping(data, path, {"certificate", "key", "key_password_file", "key_password_env", "client_auth", "ca",
+                              "handshake_timeout_ms", "principal_mapping_rules", "key_password"})
+    if "key_password" in m:
+        raise ConfigError(f"{path}.key_password", "secrets are never inline: use key_password_file or key_password_env")
+    for required in ("certificate", "key"):
+        if not isinstance(m.get(required), str) or not m[required]:
+            raise ConfigError(f"{path}.{required}", f"a PEM file path is required, got {m.get(required)!r}")
+    d = ListenTlsConfig(certificate="", key="")
+    client_auth = _str(m, "client_auth", path, d.client_auth)
+    if client_auth not in _CLIENT_AUTH:
+        raise ConfigError(f"{path}.client_auth", f"must be one of {', '.join(_CLIENT_AUTH)}, got {client_auth!r}")
+    ca = m.get("ca")
+    if ca is not None and (not isinstance(ca, str) or not ca):
+        raise ConfigError(f"{path}.ca", f"must be a PEM file path, got {ca!r}")
+    if client_auth != "none" and ca is None:
+        raise ConfigError(f"{path}.ca", f"client_auth {client_auth} needs the CA bundle client certificates chain to")
+    if "key_password_file" in m and "key_password_env" in m:
+        raise ConfigError(f"{path}.key_password_env", "give key_password_file or key_password_env, not both")
+    for name in ("key_password_file", "key_password_env"):
+        if name in m and (not isinstance(m[name], str) or not m[name]):
+            raise ConfigError(f"{path}.{name}", f"must be a non-empty string, got {m[name]!r}")
+    return ListenTlsConfig(
+        certificate=m["certificate"],
+        key=m["key"],
+        key_password_file=m.get("key_password_file"),
+        key_password_env=m.get("key_password_env"),
+        client_auth=client_auth,
+        ca=ca,
+        handshake_timeout_ms=_int(m, "handshake_timeout_ms", path, d.handshake_timeout_ms, 100, 300_000),
+        principal_mapping_rules=_str(m, "principal_mapping_rules", path, d.principal_mapping_rules),
     )
 
 

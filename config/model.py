@@ -22,6 +22,22 @@ class UpstreamConfig:
 
 
 @dataclass(frozen=True)
+class ListenTlsConfig:
+    """TLS termination on the client listeners (Kafka's ssl.* listener settings, in PEM)."""
+
+    certificate: str  # the certificate chain, PEM, leaf first
+    key: str  # its private key, PEM
+    # The key's password, from a file or an environment variable; never inline in the YAML.
+    key_password_file: str | None = None
+    key_password_env: str | None = None
+    client_auth: str = "none"  # Kafka's ssl.client.auth: none | requested | required
+    ca: str | None = None  # PEM bundle of the CAs client certificates must chain to
+    handshake_timeout_ms: int = 10_000
+    # Kafka's ssl.principal.mapping.rules: a client certificate's DN to a principal name.
+    principal_mapping_rules: str = "DEFAULT"
+
+
+@dataclass(frozen=True)
 class ListenConfig:
     host: str = "127.0.0.1"
     advertised_host: str = "127.0.0.1"
@@ -30,6 +46,7 @@ class ListenConfig:
     broker_port_base: int = 9100
     node_ports: Mapping[int, int] = field(default_factory=lambda: MappingProxyType({}))
     max_frame_bytes: int = 104_857_600
+    tls: ListenTlsConfig | None = None  # None: plaintext listeners
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from config import ConfigError, load_config, parse_config
 from config.model import Config
 
 from . import logs
+from .tls import server_tls
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "check-config":
         try:
-            load_config(args.file)
+            config = load_config(args.file)
+            if config.listen.tls is not None:
+                server_tls(config.listen.tls)  # the files exist and load, the key matches, the rules parse
         except ConfigError as exc:
             print(f"invalid configuration: {exc}", file=sys.stderr)
             return 2

@@ -36,6 +36,7 @@ from .requests import RequestSide
 from .response_queue import ResponseQueue, write
 from .routes import ASSEMBLED, plan_route
 from .stats import SLOT_VERSIONS
+from .tls import EarlyBytes, handshake
 from .upstream import UpstreamConnection, open_upstream, response_failed, tune
 
 if TYPE_CHECKING:
@@ -76,6 +77,7 @@ class ClientConnection(asyncio.Protocol):
     __slots__ = (
         "server", "chain", "stats", "usage", "ctx", "queue", "raw_sasl", "requests", "transport", "gate",
         "channel_mute", "upstream", "closed", "_reader", "_unsent", "_connect_task", "_hot_head", "_through",
+        "_handshaking",
         "_accept_timer",
         "_ip", "_active", "_idle_since", "_partial_since", "_partial_token", "_pool_bytes",
     )
@@ -105,6 +107,7 @@ class ClientConnection(asyncio.Protocol):
         # come: they go to the broker as they arrive, never assembled into a frame.
         self._through = 0
         self._accept_timer: asyncio.TimerHandle | None = None
+        self._handshaking = False  # a TLS handshake is under way: its outcome decides (proxy.tls)
         # For the connection guard (proxy.guard): the client's IP, whether bytes came since
         # the last sweep and since when none did, the unfinished frame the sweep last saw and
         # since when, the bytes this connection holds in the memory pool.
@@ -134,16 +137,46 @@ class ClientConnection(asyncio.Protocol):
             else:
                 transport.close()
             return
+        if self.server.tls is not None:
+            # Until the TLS layer takes the transport, what it reads is kept for that layer.
+            early = EarlyBytes()
+            transport.set_protocol(early)
+            transport.pause_reading()
+            self._handshaking = True
+            self._connect_task = loop.create_task(self._start_tls(transport, early, admission.delay_ms))
+            return
+        self._serve(transport, admission.delay_ms)
+
+    async def _start_tls(self, raw: asyncio.Transport, early: EarlyBytes, delay_ms: int) -> None:
+        done = await handshake(raw, early, self.server.tls, self.server, self.ctx.label)
+        self._connect_task = None  # held until now: a task nothing refers to may be collected
+        self._handshaking = False
+        if done is None:
+            self.closed = True  # never served: counted by the handshake, not open
+            self.server.guard.release(self._ip)
+            return
+        transport, principal, after = done
+        if principal is not None:
+            self.ctx.session.principal = principal  # a SASL exchange that succeeds overrides it
+        transport.set_protocol(self)
+        self._serve(transport, delay_ms)
+        if after.data:
+            self.data_received(bytes(after.data))  # sent with or right after the handshake
+
+    def _serve(self, transport: asyncio.Transport, delay_ms: int) -> None:
+        """The connection is accepted (and its handshake done): it is read from now on."""
+        loop = asyncio.get_running_loop()
+        self.transport = transport
         tune(transport)
         self.queue.transport = transport
         self.gate = ReadGate(transport, self.stats)
         self.stats.open_connections += 1
         self.server.connections.add(self)
         self._idle_since = time.monotonic()
-        if admission.delay_ms:
+        if delay_ms:
             # max_connection_creation_rate: accepted later, as Kafka's Acceptor waits.
             self.gate.pause("accept")
-            self._accept_timer = loop.call_later(admission.delay_ms / 1000, self.gate.resume, "accept")
+            self._accept_timer = loop.call_later(delay_ms / 1000, self.gate.resume, "accept")
         # The broker connection is opened when the first request is forwarded (send_upstream):
         # an idle or half-open client costs the brokers nothing.
 
@@ -215,6 +248,8 @@ class ClientConnection(asyncio.Protocol):
             self.upstream.transport.resume_reading()
 
     def connection_lost(self, exc) -> None:
+        if self._handshaking:
+            return  # the TLS layer lost it mid-handshake: the handshake counts and closes it
         if self.queue.pending and not self.closed:
             self.server.guard.log("client_gone", logging.INFO, "client %s disconnected with %d requests in flight",
                                   self.ctx.label, len(self.queue.pending), logger=log)
@@ -402,7 +437,8 @@ class ClientConnection(asyncio.Protocol):
             return
         self.closed = True
         self._arm()
-        self.stats.open_connections -= 1
+        if self.gate is not None:  # served (a TLS connection is, once its handshake is done)
+            self.stats.open_connections -= 1
         self.server.guard.release(self._ip)
         if self._pool_bytes:
             self.server.guard.pool.release(self)

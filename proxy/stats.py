@@ -136,6 +136,7 @@ class ProxyStats:
         self.unknown_api_requests = 0
         self.upstream_connect_failures = 0
         self.frames_rejected: defaultdict[str, int] = defaultdict(int)
+        self.tls_handshake_failures: defaultdict[str, int] = defaultdict(int)  # by reason (proxy.tls)
         self.local_responses: defaultdict[int, int] = defaultdict(int)
         self.broker_listeners = 0
         self.metadata_refreshes: defaultdict[str, int] = defaultdict(int)
@@ -221,6 +222,10 @@ class StatsCollector(Collector):
             ),
             counter_by(
                 "kqp_frames_rejected", "Client frames that closed their connection", "reason", s.frames_rejected
+            ),
+            counter_by(
+                "kqp_tls_handshake_failures", "Client TLS handshakes that failed or stalled (the connection closed)",
+                "reason", s.tls_handshake_failures,
             ),
             counter_by(
                 "kqp_records_scan_failures",
