@@ -77,7 +77,6 @@ class ClientConnection(asyncio.Protocol):
     __slots__ = (
         "server", "chain", "stats", "usage", "ctx", "queue", "raw_sasl", "requests", "transport", "gate",
         "channel_mute", "upstream", "closed", "_reader", "_unsent", "_connect_task", "_hot_head", "_through",
-        "_handshaking",
         "_accept_timer",
         "_ip", "_active", "_idle_since", "_partial_since", "_partial_token", "_pool_bytes",
     )
@@ -107,7 +106,6 @@ class ClientConnection(asyncio.Protocol):
         # come: they go to the broker as they arrive, never assembled into a frame.
         self._through = 0
         self._accept_timer: asyncio.TimerHandle | None = None
-        self._handshaking = False  # a TLS handshake is under way: its outcome decides (proxy.tls)
         # For the connection guard (proxy.guard): the client's IP, whether bytes came since
         # the last sweep and since when none did, the unfinished frame the sweep last saw and
         # since when, the bytes this connection holds in the memory pool.
@@ -142,7 +140,6 @@ class ClientConnection(asyncio.Protocol):
             early = EarlyBytes()
             transport.set_protocol(early)
             transport.pause_reading()
-            self._handshaking = True
             self._connect_task = loop.create_task(self._start_tls(transport, early, admission.delay_ms))
             return
         self._serve(transport, admission.delay_ms)
@@ -150,7 +147,6 @@ class ClientConnection(asyncio.Protocol):
     async def _start_tls(self, raw: asyncio.Transport, early: EarlyBytes, delay_ms: int) -> None:
         done = await handshake(raw, early, self.server.tls, self.server, self.ctx.label)
         self._connect_task = None  # held until now: a task nothing refers to may be collected
-        self._handshaking = False
         if done is None:
             self.closed = True  # never served: counted by the handshake, not open
             self.server.guard.release(self._ip)
@@ -248,8 +244,6 @@ class ClientConnection(asyncio.Protocol):
             self.upstream.transport.resume_reading()
 
     def connection_lost(self, exc) -> None:
-        if self._handshaking:
-            return  # the TLS layer lost it mid-handshake: the handshake counts and closes it
         if self.queue.pending and not self.closed:
             self.server.guard.log("client_gone", logging.INFO, "client %s disconnected with %d requests in flight",
                                   self.ctx.label, len(self.queue.pending), logger=log)

@@ -4,6 +4,7 @@ their response); the connection and the response queue own its other fields."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -57,6 +58,11 @@ class InFlight:
         # For the usage log: when it went to the broker (0: not sent) and how long the broker took.
         self.forwarded_at = 0.0
         self.upstream_ms = 0.0
+
+    def answered(self) -> None:
+        """The broker's response arrived: how long the broker took, for the usage log. Called
+        only when ``forwarded_at`` is set (the usage log is on), so it costs nothing otherwise."""
+        self.upstream_ms = (time.monotonic() - self.forwarded_at) * 1000
 
     def throttle(self, throttle_ms: int) -> None:
         """Applies a decision's throttle: the longest one asked for wins."""

@@ -148,7 +148,7 @@ class ResponseQueue:
             raise UnexpectedResponse(f"unsolicited response of {len(frame)} bytes")
         entry = awaiting.popleft()
         if entry.forwarded_at:
-            entry.upstream_ms = (time.monotonic() - entry.forwarded_at) * 1000
+            entry.answered()
         if not entry.raw:
             corr = response_correlation_id(frame)
             if corr != entry.correlation_id:

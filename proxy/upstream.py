@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-import time
 from struct import Struct
 from typing import TYPE_CHECKING
 
@@ -175,7 +174,7 @@ class UpstreamConnection(asyncio.Protocol):
                         out = None
                     if out is not None:
                         if entry.forwarded_at:
-                            entry.upstream_ms = (time.monotonic() - entry.forwarded_at) * 1000
+                            entry.answered()
                         transport.write(out)
                         queue.head_written(len(out) - 4)
                         return
@@ -225,7 +224,7 @@ class UpstreamConnection(asyncio.Protocol):
         bytes from ``hold_from`` on (the response's tail) are held back until its filters have
         seen them."""
         if entry.forwarded_at:
-            entry.upstream_ms = (time.monotonic() - entry.forwarded_at) * 1000
+            entry.answered()
         n = len(data)
         self.client.stats.responses_streamed[entry.api_key] += 1
         if route is None:
