@@ -158,6 +158,8 @@ class ClientConnection(asyncio.Protocol):
         self._serve(transport, delay_ms)
         if after.data:
             self.data_received(bytes(after.data))  # sent with or right after the handshake
+        if after.lost:
+            self.connection_lost(None)  # gone before it was served: it must not stay counted open
 
     def _serve(self, transport: asyncio.Transport, delay_ms: int) -> None:
         """The connection is accepted (and its handshake done): it is read from now on."""

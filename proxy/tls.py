@@ -132,9 +132,13 @@ class EarlyBytes(asyncio.Protocol):
 
     def __init__(self) -> None:
         self.data = bytearray()
+        self.lost = False  # the client went away before the connection took over
 
     def data_received(self, data: bytes) -> None:
         self.data += data
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
 
     def hand_over(self, raw: asyncio.Transport) -> None:
         """Feeds the bytes kept to the TLS protocol now in charge of ``raw``."""

@@ -186,3 +186,15 @@ def test_a_client_certificate_gives_the_principal_and_sasl_is_not_needed(tansu, 
     assert principals[0] == "ANONYMOUS"
     assert "alice@payments" in principals
     assert any(p.startswith("CN=bob,") and "O=Acme" in p for p in principals), principals
+
+
+def test_clients_that_close_right_after_their_handshake_hold_nothing(tansu, proxy, pki):
+    # A client gone between its handshake and the proxy taking the connection must not stay
+    # counted open (it would hold a slot of max_connections until the idle timeout).
+    p = proxy([tansu.bootstrap], extra_config=_tls(pki))
+    host, port = p.bootstrap.split(":")
+    for _ in range(30):
+        with socket.create_connection((host, int(port)), timeout=5) as raw:
+            _client_context(pki).wrap_socket(raw, server_hostname="127.0.0.1").close()
+    _wait_for(lambda: p.metric_sum("kqp_open_connections") == 0, timeout_s=5)
+    assert _failures(p).get("timeout", 0) == 0
