@@ -19,6 +19,7 @@ def now_ms() -> int:
 
 
 class RateQuotaFilter:
+    """request_rate and producer_byte_rate on requests, consumer_byte_rate on Fetch responses."""
 
     def __init__(self, manager: QuotaManager, max_value_window_s: float, clock=now_ms) -> None:
         self.manager = manager
