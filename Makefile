@@ -1,6 +1,6 @@
 # The single source for setting up and running kafka-quota-proxy on a Debian/Ubuntu machine.
-#   make test    install into .venv (and kcat, Java 17 via apt-get when run as root), lint (ruff), type-check
-#                (mypy), run every test
+#   make test    install into .venv (and kcat, Java 17, stunnel4 via apt-get when run as root), lint (ruff),
+#                type-check (mypy), run every test
 #   make demo    install, start a local broker (Tansu) with the proxy in front and use it
 #   make bench   install, run the benchmarks (bench/README.md)
 # Override the interpreter with PYTHON=python3.12, pass arguments with DEMO_ARGS / BENCH_ARGS.
@@ -11,10 +11,10 @@ VPY    := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 APT_GET := DEBIAN_FRONTEND=noninteractive apt-get
 
-.PHONY: venv install kcat java test demo bench clean
+.PHONY: venv install kcat java stunnel test demo bench clean
 
 install: venv
-venv: $(STAMP) kcat java
+venv: $(STAMP) kcat java stunnel
 
 $(VPY):
 	@if ! $(PYTHON) -c 'import ensurepip, venv' >/dev/null 2>&1; then \
@@ -51,6 +51,18 @@ java:
 	  else \
 	    echo "java is not installed and this is not root: run 'sudo apt-get install openjdk-17-jre-headless'" \
 	         "(report and the pipeline tests need it)" >&2; \
+	  fi; \
+	fi
+
+# stunnel4 (Debian package) terminates TLS in front of Tansu, which cannot serve TLS itself: the broker
+# the upstream-TLS tests connect to (tests/support/tls_broker.py).
+stunnel:
+	@if ! command -v stunnel4 >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    $(APT_GET) update && $(APT_GET) install -y --no-install-recommends stunnel4; \
+	  else \
+	    echo "stunnel4 is not installed and this is not root: run 'sudo apt-get install stunnel4'" \
+	         "(the upstream TLS tests fail without it)" >&2; \
 	  fi; \
 	fi
 

@@ -17,6 +17,7 @@ from quotas.limiters import load_limiter_class
 
 from .model import (
     DEFAULT_RATE_LIMITERS,
+    SASL_MECHANISMS,
     Config,
     ConnectionsConfig,
     ControllerMutation,
@@ -30,6 +31,8 @@ from .model import (
     RateLimiterSpec,
     ReloadConfig,
     UpstreamConfig,
+    UpstreamSaslConfig,
+    UpstreamTlsConfig,
     UsageLogConfig,
 )
 
@@ -269,7 +272,7 @@ def _upstream(data: Any, path: str) -> UpstreamConfig:
     m = _mapping(
         data,
         path,
-        {"bootstrap_servers", "connect_timeout_s", "connect_attempts", "metadata_refresh_interval_s"},
+        {"bootstrap_servers", "connect_timeout_s", "connect_attempts", "metadata_refresh_interval_s", "tls", "sasl"},
     )
     servers = m.get("bootstrap_servers")
     p = f"{path}.bootstrap_servers"
@@ -285,7 +288,81 @@ def _upstream(data: Any, path: str) -> UpstreamConfig:
         metadata_refresh_interval_s=_number(
             m, "metadata_refresh_interval_s", path, d.metadata_refresh_interval_s, 0.1
         ),
+        tls=_upstream_tls(m["tls"], f"{path}.tls") if m.get("tls") is not None else None,
+        sasl=_upstream_sasl(m["sasl"], f"{path}.sasl") if m.get("sasl") is not None else None,
     )
+
+
+def _upstream_tls(data: Any, path: str) -> UpstreamTlsConfig:
+    """Like listen.tls, the files are checked where they are loaded (proxy.tls)."""
+    m = _mapping(data, path, {"ca", "verify_hostname", "certificate", "key", "key_password_file",
+                              "key_password_env", "key_password"})
+    _no_inline_secret(m, path, "key_password", "key_password_file or key_password_env")
+    for name in ("ca", "certificate", "key"):
+        _optional_str(m, name, path)
+    if ("certificate" in m) != ("key" in m):
+        missing = "key" if "certificate" in m else "certificate"
+        raise ConfigError(f"{path}.{missing}", "a client certificate needs both certificate and key")
+    _one_source(m, path, "key_password_file", "key_password_env")
+    for name in ("key_password_file", "key_password_env"):
+        _optional_str(m, name, path)
+    return UpstreamTlsConfig(
+        ca=m.get("ca"),
+        verify_hostname=_bool(m, "verify_hostname", path, True),
+        certificate=m.get("certificate"),
+        key=m.get("key"),
+        key_password_file=m.get("key_password_file"),
+        key_password_env=m.get("key_password_env"),
+    )
+
+
+def _upstream_sasl(data: Any, path: str) -> UpstreamSaslConfig:
+    m = _mapping(data, path, {"mechanism", "username", "password_file", "password_env", "token_file",
+                              "token_env", "password", "token"})
+    _no_inline_secret(m, path, "password", "password_file or password_env")
+    _no_inline_secret(m, path, "token", "token_file or token_env")
+    mechanism = m.get("mechanism")
+    if mechanism not in SASL_MECHANISMS:
+        raise ConfigError(f"{path}.mechanism", f"must be one of {', '.join(SASL_MECHANISMS)}, got {mechanism!r}")
+    for name in ("username", "password_file", "password_env", "token_file", "token_env"):
+        _optional_str(m, name, path)
+    if mechanism == "OAUTHBEARER":
+        for name in ("username", "password_file", "password_env"):
+            if name in m:
+                raise ConfigError(f"{path}.{name}", "OAUTHBEARER takes token_file or token_env, not a password")
+        _one_source(m, path, "token_file", "token_env", required=True)
+    else:
+        for name in ("token_file", "token_env"):
+            if name in m:
+                raise ConfigError(f"{path}.{name}", f"{mechanism} takes a username and a password, not a token")
+        if "username" not in m:
+            raise ConfigError(f"{path}.username", f"{mechanism} needs a username")
+        _one_source(m, path, "password_file", "password_env", required=True)
+    return UpstreamSaslConfig(
+        mechanism=mechanism,
+        username=m.get("username"),
+        password_file=m.get("password_file"),
+        password_env=m.get("password_env"),
+        token_file=m.get("token_file"),
+        token_env=m.get("token_env"),
+    )
+
+
+def _no_inline_secret(m: dict[str, Any], path: str, key: str, instead: str) -> None:
+    if key in m:
+        raise ConfigError(f"{path}.{key}", f"secrets are never inline: use {instead}")
+
+
+def _optional_str(m: dict[str, Any], key: str, path: str) -> None:
+    if key in m and (not isinstance(m[key], str) or not m[key]):
+        raise ConfigError(f"{path}.{key}", f"must be a non-empty string, got {m[key]!r}")
+
+
+def _one_source(m: dict[str, Any], path: str, file_key: str, env_key: str, required: bool = False) -> None:
+    if file_key in m and env_key in m:
+        raise ConfigError(f"{path}.{env_key}", f"give {file_key} or {env_key}, not both")
+    if required and file_key not in m and env_key not in m:
+        raise ConfigError(f"{path}.{file_key}", f"is required (or {env_key})")
 
 
 def _listen(data: Any, path: str) -> ListenConfig:
@@ -323,8 +400,7 @@ def _listen_tls(data: Any, path: str) -> ListenTlsConfig:
     report a missing or broken one with this path too."""
     m = _mapping(data, path, {"certificate", "key", "key_password_file", "key_password_env", "client_auth", "ca",
                               "handshake_timeout_ms", "principal_mapping_rules", "key_password"})
-    if "key_password" in m:
-        raise ConfigError(f"{path}.key_password", "secrets are never inline: use key_password_file or key_password_env")
+    _no_inline_secret(m, path, "key_password", "key_password_file or key_password_env")
     for required in ("certificate", "key"):
         if not isinstance(m.get(required), str) or not m[required]:
             raise ConfigError(f"{path}.{required}", f"a PEM file path is required, got {m.get(required)!r}")
@@ -337,11 +413,9 @@ def _listen_tls(data: Any, path: str) -> ListenTlsConfig:
         raise ConfigError(f"{path}.ca", f"must be a PEM file path, got {ca!r}")
     if client_auth != "none" and ca is None:
         raise ConfigError(f"{path}.ca", f"client_auth {client_auth} needs the CA bundle client certificates chain to")
-    if "key_password_file" in m and "key_password_env" in m:
-        raise ConfigError(f"{path}.key_password_env", "give key_password_file or key_password_env, not both")
+    _one_source(m, path, "key_password_file", "key_password_env")
     for name in ("key_password_file", "key_password_env"):
-        if name in m and (not isinstance(m[name], str) or not m[name]):
-            raise ConfigError(f"{path}.{name}", f"must be a non-empty string, got {m[name]!r}")
+        _optional_str(m, name, path)
     return ListenTlsConfig(
         certificate=m["certificate"],
         key=m["key"],

@@ -13,12 +13,45 @@ from quotas.producer_ids import ProducerIdSettings
 
 
 @dataclass(frozen=True)
+class UpstreamTlsConfig:
+    """TLS to the brokers (Kafka's client ssl.* settings, in PEM)."""
+
+    ca: str | None = None  # PEM bundle the brokers' certificates chain to; None: the system's
+    # Kafka's ssl.endpoint.identification.algorithm=https: the certificate must name the host
+    # the proxy connects to (a bootstrap server or the host a broker advertises).
+    verify_hostname: bool = True
+    certificate: str | None = None  # a client certificate chain for mTLS to the brokers
+    key: str | None = None
+    key_password_file: str | None = None
+    key_password_env: str | None = None
+
+
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
+
+
+@dataclass(frozen=True)
+class UpstreamSaslConfig:
+    """How the proxy's own connections (metadata refresh, topic lookups) authenticate. Secrets
+    come from files or environment variables only, read at each connection (a rotated password
+    or a refreshed token is picked up)."""
+
+    mechanism: str  # one of SASL_MECHANISMS
+    username: str | None = None  # PLAIN and SCRAM
+    password_file: str | None = None
+    password_env: str | None = None
+    token_file: str | None = None  # OAUTHBEARER: a file holding the bearer token (a JWT)
+    token_env: str | None = None
+
+
+@dataclass(frozen=True)
 class UpstreamConfig:
     bootstrap_servers: tuple[str, ...]
     connect_timeout_s: float = 10.0
     # Attempts per client connection before it is closed (each tries the next bootstrap server).
     connect_attempts: int = 3
     metadata_refresh_interval_s: float = 30.0
+    tls: UpstreamTlsConfig | None = None  # None: plaintext to the brokers
+    sasl: UpstreamSaslConfig | None = None  # None: the proxy's own connections do not authenticate
 
 
 @dataclass(frozen=True)

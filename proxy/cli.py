@@ -20,6 +20,10 @@ from config import ConfigError, load_config, parse_config
 from config.model import Config
 
 from . import logs
+from .cert_reload import CertificateReloader, watch_certificates
+from .dialer import BrokerDialer
+from .file_signature import Signature, signature
+from .stats import ProxyStats
 from .tls import server_tls
 
 log = logging.getLogger(__name__)
@@ -56,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
             config = load_config(args.file)
             if config.listen.tls is not None:
                 server_tls(config.listen.tls)  # the files exist and load, the key matches, the rules parse
+            BrokerDialer(config.upstream, ProxyStats())  # upstream.tls's files, upstream.sasl's secret
         except ConfigError as exc:
             print(f"invalid configuration: {exc}", file=sys.stderr)
             return 2
@@ -94,15 +99,6 @@ def _run(coro) -> int:
     return uvloop.run(coro)
 
 
-class Signature(NamedTuple):
-    """What a stat of the configuration file says about its identity and content."""
-
-    device: int
-    inode: int
-    mtime_ns: int
-    size: int
-
-
 class ConfigFile(NamedTuple):
     """The configuration file as read once: the configuration, the file's signature just before
     the read (a later write changes it), and the SHA-256 of exactly the bytes parsed."""
@@ -111,15 +107,6 @@ class ConfigFile(NamedTuple):
     config: Config
     signature: Signature | None
     digest: str
-
-
-def signature(path: str) -> Signature | None:
-    """The file's signature (through symlinks, as Kubernetes' ConfigMap swaps), None when absent."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return Signature(st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
 
 
 def read_config_file(path: str) -> ConfigFile:
@@ -270,7 +257,8 @@ async def watch_config(watcher: ConfigWatcher, clock=time.monotonic) -> None:
 
 async def serve(config, ready_file: str | None, loaded: ConfigFile | None = None) -> int:
     """Runs the proxy until SIGINT / SIGTERM; with ``loaded`` (the file ``config`` came from),
-    changes of that file are applied (:class:`ConfigWatcher`) and SIGHUP reloads it."""
+    changes of that file are applied (:class:`ConfigWatcher`) and SIGHUP reloads it; the TLS
+    files are read again when they change and on SIGHUP (:class:`CertificateReloader`)."""
     from .server import ProxyServer
 
     server = ProxyServer(config)
@@ -278,10 +266,18 @@ async def serve(config, ready_file: str | None, loaded: ConfigFile | None = None
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    watching: list[asyncio.Task] = []
+    on_sighup = []
     if loaded is not None:
         watcher = ConfigWatcher(server, loaded)
-        loop.add_signal_handler(signal.SIGHUP, watcher.reload_now)
-        watching = loop.create_task(watch_config(watcher))
+        on_sighup.append(watcher.reload_now)
+        watching.append(loop.create_task(watch_config(watcher)))
+    certificates = CertificateReloader(server, config.reload.debounce_ms / 1000)
+    if certificates.files:
+        on_sighup.append(certificates.reload_now)
+        watching.append(loop.create_task(watch_certificates(certificates)))
+    if on_sighup:
+        loop.add_signal_handler(signal.SIGHUP, lambda: [reload() for reload in on_sighup])
     try:
         await server.start()
     except OSError as exc:
@@ -291,8 +287,8 @@ async def serve(config, ready_file: str | None, loaded: ConfigFile | None = None
         write_ready_file(ready_file, server)
     await stop.wait()
     log.info("stopping")
-    if loaded is not None:
-        watching.cancel()
+    for task in watching:
+        task.cancel()
     await server.stop()
     return 0
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from config.loader import split_host_port
 from config.model import Config
 
+from .dialer import BrokerDialer
 from .stats import ProxyStats
 
 log = logging.getLogger(__name__)
@@ -25,6 +26,8 @@ class Cluster:
         self._stats = stats
         self._serve = serve  # starts accepting on a bound socket for a node
         self.bootstrap = [split_host_port(s) for s in config.upstream.bootstrap_servers]
+        # How brokers are reached (TLS, the proxy's own SASL); ConfigError for a bad file.
+        self.dialer = BrokerDialer(config.upstream, stats)
         self._next_bootstrap = 0
         self.brokers: dict[int, tuple[str, int]] = {}  # node id -> upstream (host, port)
         self.node_ports: dict[int, int] = {}  # node id -> proxy port serving it

@@ -166,7 +166,7 @@ class ExpeditedRefresher:
         for attempt in range(max(len(self.cluster.brokers), len(self.cluster.bootstrap))):
             address = self._address(start + attempt)
             try:
-                resp = await fetch_topic_metadata(address, topics, list(topic_ids), self.timeout_s)
+                resp = await fetch_topic_metadata(self.cluster.dialer, address, topics, list(topic_ids), self.timeout_s)
             except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError, ValueError) as exc:
                 log.warning("%s metadata refresh from %s:%d failed: %s", reason, *address, exc or type(exc).__name__)
                 continue

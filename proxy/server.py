@@ -165,9 +165,10 @@ class ProxyServer:
             self.metrics_address = http.sockets[0].getsockname()[:2]
             log.info("metrics on http://%s:%d/metrics", *self.metrics_address)
         up = self.config.upstream
-        if not await refresh_once(self.cluster, self.stats, up.connect_timeout_s):
+        answered = await refresh_once(self.cluster, self.stats, up.connect_timeout_s)
+        if not answered:
             log.warning("no bootstrap server answered yet; brokers will be learned when one does")
-        self._spawn(self._refresh_periodically(up.metadata_refresh_interval_s, up.connect_timeout_s))
+        self._spawn(self._refresh_periodically(up.metadata_refresh_interval_s, up.connect_timeout_s, answered))
         self._spawn(self._expire_quota_entities())
         self._spawn(self._sweep_connections())
         self._spawn(self._clean_producer_ids())
@@ -195,15 +196,24 @@ class ProxyServer:
                 self.guard.sweep(connections[i : i + 512], time.monotonic())
                 await asyncio.sleep(0)
 
-    async def _refresh_periodically(self, interval_s: float, timeout_s: float) -> None:
+    async def _refresh_periodically(self, interval_s: float, timeout_s: float, answered: bool) -> None:
         """The proxy's own metadata refresh: the brokers and the leaders of every topic clients
         have used come in one Metadata response; with no such topic (or no broker answering
-        it), the brokers alone, from the bootstrap servers."""
+        it), the brokers alone, from the bootstrap servers. After a refresh no broker answered
+        (unreachable, or refusing the proxy's TLS or SASL), the next comes sooner: 1 s, then
+        twice as long each time, up to the interval."""
+        backoff_s = 1.0
         while True:
-            await asyncio.sleep(interval_s)
+            if answered:
+                backoff_s = 1.0
+                await asyncio.sleep(interval_s)
+            else:
+                await asyncio.sleep(min(backoff_s, interval_s))
+                backoff_s *= 2
             topics = sorted(self.leaders.topics())
-            if not topics or not await self.refresher.refresh(topics, "periodic_leaders"):
-                await refresh_once(self.cluster, self.stats, timeout_s)
+            answered = bool(topics) and await self.refresher.refresh(topics, "periodic_leaders")
+            if not answered:
+                answered = await refresh_once(self.cluster, self.stats, timeout_s)
 
     async def _clean_producer_ids(self) -> None:
         # KIP-936's producer.id.quota.cache.cleanup.scheduler.interval.ms.

@@ -137,6 +137,9 @@ class ProxyStats:
         self.upstream_connect_failures = 0
         self.frames_rejected: defaultdict[str, int] = defaultdict(int)
         self.tls_handshake_failures: defaultdict[str, int] = defaultdict(int)  # by reason (proxy.tls)
+        # The proxy's TLS handshakes and SASL authentications brokers refused, by (kind, reason).
+        self.upstream_auth_failures: defaultdict[tuple[str, str], int] = defaultdict(int)
+        self.certificate_reloads: defaultdict[str, int] = defaultdict(int)  # by outcome (proxy.cert_reload)
         self.local_responses: defaultdict[int, int] = defaultdict(int)
         self.broker_listeners = 0
         self.metadata_refreshes: defaultdict[str, int] = defaultdict(int)
@@ -227,6 +230,9 @@ class StatsCollector(Collector):
                 "kqp_tls_handshake_failures", "Client TLS handshakes that failed or stalled (the connection closed)",
                 "reason", s.tls_handshake_failures,
             ),
+            _upstream_auth_failures(s.upstream_auth_failures),
+            counter_by("kqp_certificate_reloads", "Reloads of the TLS files (on change or SIGHUP)", "outcome",
+                       s.certificate_reloads),
             counter_by(
                 "kqp_records_scan_failures",
                 "Produce requests / Fetch responses whose record-batch headers were malformed (forwarded uncharged)",
@@ -235,6 +241,17 @@ class StatsCollector(Collector):
             counter_by("kqp_metadata_refreshes", "The proxy's own metadata refreshes", "outcome",
                        s.metadata_refreshes),
         ]
+
+
+def _upstream_auth_failures(counts: dict[tuple[str, str], int]) -> CounterMetricFamily:
+    family = CounterMetricFamily(
+        "kqp_upstream_authentication_failures",
+        "TLS handshakes to brokers and SASL authentications of the proxy's own connections that failed",
+        labels=["kind", "reason"],
+    )
+    for (kind, reason), n in sorted(counts.items()):
+        family.add_metric([kind, reason], n)
+    return family
 
 
 def _counted(counts: VersionCounts) -> list[tuple[int, int, int]]:

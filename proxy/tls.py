@@ -1,4 +1,4 @@
-"""TLS termination on the client listeners.
+"""TLS termination on the client listeners, and the context for TLS to the brokers.
 
 Guarantees:
 - the server context is built from the configured PEM files with TLS 1.2 at least and Python's
@@ -19,11 +19,12 @@ import logging
 import os
 import ssl
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from config import ConfigError
-from config.model import ListenTlsConfig
+from config.model import ListenTlsConfig, UpstreamTlsConfig
 
+from .secrets import read_secret
 from .ssl_principal import PrincipalMappingError, SslPrincipalMapper, distinguished_name
 
 if TYPE_CHECKING:
@@ -48,28 +49,12 @@ class ServerTls:
 
 def server_tls(cfg: ListenTlsConfig, path: str = "listen.tls") -> ServerTls:
     """Loads the files of ``cfg``. Raises ConfigError naming the YAML path of what is wrong."""
-    password = _key_password(cfg, path)
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    for name in ("certificate", "key"):
-        if not os.path.isfile(getattr(cfg, name)):
-            raise ConfigError(f"{path}.{name}", f"no such file: {getattr(cfg, name)}")
-    try:
-        ctx.load_cert_chain(cfg.certificate, cfg.key, password)
-    except ssl.SSLError as exc:
-        # OpenSSL says which: a key that is not the certificate's, or a file that is not PEM.
-        raise ConfigError(f"{path}.certificate", f"cannot load {cfg.certificate} with key {cfg.key}: "
-                                                 f"{exc.reason or exc}") from exc
-    except OSError as exc:
-        raise ConfigError(f"{path}.certificate", f"cannot read {cfg.certificate} / {cfg.key}: {exc}") from exc
+    _load_chain(ctx, cfg.certificate, cfg.key, _key_password(cfg, path), path)
     ctx.verify_mode = _CLIENT_AUTH[cfg.client_auth]
     if cfg.ca is not None:
-        if not os.path.isfile(cfg.ca):
-            raise ConfigError(f"{path}.ca", f"no such file: {cfg.ca}")
-        try:
-            ctx.load_verify_locations(cafile=cfg.ca)
-        except (ssl.SSLError, OSError) as exc:
-            raise ConfigError(f"{path}.ca", f"cannot load the CA bundle {cfg.ca}: {exc}") from exc
+        _load_ca(ctx, cfg.ca, f"{path}.ca")
     try:
         mapper = SslPrincipalMapper.from_rules(cfg.principal_mapping_rules)
     except PrincipalMappingError as exc:
@@ -77,20 +62,50 @@ def server_tls(cfg: ListenTlsConfig, path: str = "listen.tls") -> ServerTls:
     return ServerTls(ctx, cfg.handshake_timeout_ms / 1000, mapper)
 
 
-def _key_password(cfg: ListenTlsConfig, path: str) -> str | None:
-    if cfg.key_password_file is not None:
-        try:
-            with open(cfg.key_password_file, encoding="utf-8") as f:
-                return f.read().rstrip("\r\n")
-        except OSError as exc:
-            raise ConfigError(f"{path}.key_password_file", f"cannot read {cfg.key_password_file}: "
-                                                           f"{exc.strerror}") from exc
-    if cfg.key_password_env is not None:
-        value = os.environ.get(cfg.key_password_env)
-        if value is None:
-            raise ConfigError(f"{path}.key_password_env", f"environment variable {cfg.key_password_env} is not set")
-        return value
-    return None
+def client_tls(cfg: UpstreamTlsConfig, path: str = "upstream.tls") -> ssl.SSLContext:
+    """The context for TLS to the brokers: TLS 1.2 at least, the brokers' certificates verified
+    against ``cfg.ca`` (the system's trust store without one) and, unless ``verify_hostname`` is
+    false, required to name the host connected to (Kafka's default
+    ssl.endpoint.identification.algorithm=https); a client certificate when one is configured.
+    Raises ConfigError naming the YAML path of what is wrong."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.check_hostname = cfg.verify_hostname
+    ctx.verify_mode = ssl.CERT_REQUIRED  # Kafka has no setting that skips the trust check
+    if cfg.ca is not None:
+        _load_ca(ctx, cfg.ca, f"{path}.ca")
+    else:
+        ctx.load_default_certs(ssl.Purpose.SERVER_AUTH)
+    if cfg.certificate is not None and cfg.key is not None:
+        _load_chain(ctx, cfg.certificate, cfg.key, _key_password(cfg, path), path)
+    return ctx
+
+
+def _load_chain(ctx: ssl.SSLContext, certificate: str, key: str, password: str | None, path: str) -> None:
+    for name, file in (("certificate", certificate), ("key", key)):
+        if not os.path.isfile(file):
+            raise ConfigError(f"{path}.{name}", f"no such file: {file}")
+    try:
+        ctx.load_cert_chain(certificate, key, password)
+    except ssl.SSLError as exc:
+        # OpenSSL says which: a key that is not the certificate's, or a file that is not PEM.
+        raise ConfigError(f"{path}.certificate", f"cannot load {certificate} with key {key}: "
+                                                 f"{exc.reason or exc}") from exc
+    except OSError as exc:
+        raise ConfigError(f"{path}.certificate", f"cannot read {certificate} / {key}: {exc}") from exc
+
+
+def _load_ca(ctx: ssl.SSLContext, ca: str, path: str) -> None:
+    if not os.path.isfile(ca):
+        raise ConfigError(path, f"no such file: {ca}")
+    try:
+        ctx.load_verify_locations(cafile=ca)
+    except (ssl.SSLError, OSError) as exc:
+        raise ConfigError(path, f"cannot load the CA bundle {ca}: {exc}") from exc
+
+
+def _key_password(cfg: ListenTlsConfig | UpstreamTlsConfig, path: str) -> str | None:
+    return read_secret(path, "key_password_file", cfg.key_password_file, "key_password_env", cfg.key_password_env)
 
 
 def handshake_failure_reason(exc: BaseException) -> str:
@@ -118,7 +133,7 @@ def handshake_failure_reason(exc: BaseException) -> str:
     return "tls_error"
 
 
-def certificate_principal(tls: ServerTls, peercert: dict | None) -> str | None:
+def certificate_principal(tls: ServerTls, peercert: dict[str, Any] | None) -> str | None:
     """The principal a verified client certificate maps to (None: no certificate). Raises
     PrincipalMappingError when no rule applies (Kafka then fails the authentication)."""
     if not peercert or "subject" not in peercert:
@@ -144,9 +159,10 @@ class EarlyBytes(asyncio.Protocol):
         """Feeds the bytes kept to the TLS protocol now in charge of ``raw``."""
         if not self.data:
             return
-        tls_protocol = raw.get_protocol()
+        tls_protocol: Any = raw.get_protocol()
         data, self.data = bytes(self.data), bytearray()
-        if hasattr(tls_protocol, "buffer_updated"):  # asyncio's and uvloop's TLS protocols are buffered
+        # Duck-typed: uvloop's TLS protocol is buffered but no asyncio.BufferedProtocol subclass.
+        if hasattr(tls_protocol, "buffer_updated"):  # asyncio's and uvloop's TLS protocols
             while data:
                 buffer = tls_protocol.get_buffer(len(data))
                 n = min(len(buffer), len(data))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import ssl
 from struct import Struct
 from typing import TYPE_CHECKING
 
@@ -59,14 +60,21 @@ async def open_upstream(client: ClientConnection) -> UpstreamConnection | None:
     failure counted and logged, rate-limited)."""
     server = client.server
     cfg = server.config.upstream
+    dialer = server.cluster.dialer
+    # TLS to the broker when upstream.tls is set; the client's own SASL frames pass through.
+    tls = {} if dialer.tls is None else {"ssl": dialer.tls, "ssl_handshake_timeout": cfg.connect_timeout_s}
     loop = asyncio.get_running_loop()
     for attempt in range(cfg.connect_attempts):
         address = server.cluster.upstream_address(client.ctx.node_id, attempt)
         try:
             _, protocol = await asyncio.wait_for(
-                loop.create_connection(lambda: UpstreamConnection(client), *address), cfg.connect_timeout_s,
+                loop.create_connection(lambda: UpstreamConnection(client), *address,
+                                       server_hostname=dialer.server_hostname(address[0]), **tls),
+                cfg.connect_timeout_s,
             )
         except (OSError, asyncio.TimeoutError) as exc:
+            if isinstance(exc, ssl.SSLError):
+                dialer.failed("tls", address, exc)
             server.stats.upstream_connect_failures += 1
             server.guard.log(
                 "broker_unreachable", logging.WARNING, "cannot reach broker %s:%s for %s (attempt %d/%d): %s",

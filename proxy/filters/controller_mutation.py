@@ -101,9 +101,10 @@ class ControllerMutationFilter:
         try:
             if header.api_key == ApiKey.CREATE_TOPICS and self.topics.num_partitions_default is None:
                 node_id = next(iter(ctx.cluster.brokers), 0)
-                self.topics.num_partitions_default = await fetch_num_partitions(address, node_id, self.timeout_s)
+                default = await fetch_num_partitions(ctx.cluster.dialer, address, node_id, self.timeout_s)
+                self.topics.num_partitions_default = default
             elif missing_names or missing_ids:
-                for t in await fetch_topics(address, missing_names, missing_ids, self.timeout_s):
+                for t in await fetch_topics(ctx.cluster.dialer, address, missing_names, missing_ids, self.timeout_s):
                     if t.error_code == 0:
                         self.topics.put(t.name, len(t.partitions), getattr(t, "topic_id", None))
         except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError) as exc:

@@ -1,0 +1,138 @@
+"""How the proxy reaches the brokers: TLS when ``upstream.tls`` is set and, for the connections
+the proxy opens by itself (metadata refresh, topic and configuration lookups), SASL when
+``upstream.sasl`` is set.
+
+Guarantees:
+- client connections and the proxy's own connections use the same TLS context: the brokers'
+  certificates verified against ``upstream.tls.ca`` (the system's trust store without one) and,
+  unless ``verify_hostname`` is false, required to name the host connected to (the bootstrap
+  server's, or the host the broker advertises);
+- an own connection is handed out only once its ApiVersions round trip is done and, with
+  ``upstream.sasl``, once it is authenticated; client connections never use these credentials
+  (their own SASL exchange passes through, and the brokers see the client's identity);
+- a failed TLS handshake or a refused authentication raises a ConnectionError (as an unreachable
+  broker does: every caller already retries those), is counted in
+  ``kqp_upstream_authentication_failures_total{kind,reason}`` and logged at most once a minute
+  per kind; secrets are read at each connection (a rotated password or token is picked up) and
+  never logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from struct import Struct
+from typing import Any
+
+from kafka.protocol.metadata import ApiVersionsRequest
+
+from config import ConfigError
+from config.model import UpstreamConfig
+from protocol.headers import response_body_offset
+from protocol.messages import decode_response
+
+from .logs import LogLimiter
+from .sasl_client import SaslAuthenticationError, authenticate, credentials
+from .stats import ProxyStats
+from .tls import client_tls
+
+log = logging.getLogger(__name__)
+
+_INT32 = Struct(">i")
+_CLIENT_ID = "kafka-quota-proxy"
+
+
+class OwnConnection:
+    """One connection the proxy opened by itself, ready for requests (see BrokerDialer.open)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._reader = reader
+        self._writer = writer
+        self._correlation_id = 0
+        self.api_versions: dict[int, tuple[int, int]] = {}  # api key -> (min, max) the broker offers
+
+    async def round_trip(self, request: Any) -> Any:
+        """Sends a kafka-python request and returns the broker's decoded response."""
+        self._correlation_id += 1
+        request.with_header(correlation_id=self._correlation_id, client_id=_CLIENT_ID)
+        self._writer.write(bytes(request.encode(header=True, framed=True)))
+        await self._writer.drain()
+        (size,) = _INT32.unpack(await self._reader.readexactly(4))
+        frame = await self._reader.readexactly(size)
+        if _INT32.unpack_from(frame)[0] != self._correlation_id:
+            raise ConnectionError("the broker answered another request than the one sent")
+        key, version = request.API_KEY, request.API_VERSION
+        return decode_response(key, version, memoryview(frame)[response_body_offset(frame, key, version):])
+
+    def close(self) -> None:
+        self._writer.close()
+
+    async def __aenter__(self) -> OwnConnection:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
+
+
+class BrokerDialer:
+    """Opens connections to brokers as ``upstream`` says (see the module docstring)."""
+
+    def __init__(self, upstream: UpstreamConfig, stats: ProxyStats) -> None:
+        # ConfigError (naming the YAML path) for a file that is missing or broken.
+        self.tls: ssl.SSLContext | None = client_tls(upstream.tls) if upstream.tls is not None else None
+        self.sasl = upstream.sasl
+        if self.sasl is not None:
+            credentials(self.sasl)  # a secret that cannot be read stops a start, as a bad file does
+        self._stats = stats
+        self._logs = {kind: LogLimiter(log, lines=1, interval_s=60.0) for kind in ("tls", "sasl")}
+
+    def server_hostname(self, host: str) -> str | None:
+        """What the TLS handshake to ``host`` checks the certificate against (None: no TLS)."""
+        return host if self.tls is not None else None
+
+    async def open(self, address: tuple[str, int], timeout_s: float) -> OwnConnection:
+        """A connection to ``address`` with its ApiVersions known and, with ``upstream.sasl``,
+        authenticated; the whole within ``timeout_s``."""
+        host, port = address
+        async with asyncio.timeout(timeout_s):
+            try:
+                reader, writer = await asyncio.open_connection(host, port, ssl=self.tls,
+                                                               server_hostname=self.server_hostname(host))
+            except ssl.SSLError as exc:
+                raise self.failed("tls", address, exc) from exc
+            conn = OwnConnection(reader, writer)
+            try:
+                versions = await conn.round_trip(ApiVersionsRequest[0]())
+                conn.api_versions = {e.api_key: (e.min_version, e.max_version) for e in versions.api_keys}
+                if self.sasl is not None:
+                    try:
+                        await authenticate(conn.round_trip, conn.api_versions, credentials(self.sasl))
+                    except (SaslAuthenticationError, ConfigError) as exc:
+                        raise self.failed("sasl", address, exc) from exc
+            except BaseException:
+                conn.close()
+                raise
+        return conn
+
+    def failed(self, kind: str, address: tuple[str, int], exc: Exception) -> ConnectionError:
+        """Counts and logs (once a minute per kind) a TLS handshake or a SASL authentication the
+        broker at ``address`` refused; returns the error for the caller to raise."""
+        reason = _reason(kind, exc)
+        self._stats.upstream_auth_failures[(kind, reason)] += 1
+        what = "TLS handshake with" if kind == "tls" else f"SASL {self.sasl.mechanism if self.sasl else ''} " \
+                                                            "authentication to"
+        self._logs[kind].log(logging.ERROR, "%s broker %s:%d failed (%s): %s; retried with back-off", what,
+                             *address, reason, exc)
+        return ConnectionError(f"{what} {address[0]}:{address[1]} failed: {exc}")
+
+
+def _reason(kind: str, exc: Exception) -> str:
+    if kind == "tls":
+        if isinstance(exc, ssl.SSLCertVerificationError):
+            # OpenSSL's X509_V_ERR_HOSTNAME_MISMATCH and X509_V_ERR_IP_ADDRESS_MISMATCH.
+            return "hostname_mismatch" if exc.verify_code in (62, 64) else "certificate_refused"
+        return "handshake"
+    if isinstance(exc, ConfigError):
+        return "credentials_unreadable"
+    return "refused"
