@@ -28,7 +28,7 @@ from protocol.produce import framed_acks_not_zero
 
 from .filters.api import FilterContext
 from .flow import ChannelMute, ReadGate
-from .guard import proxy_paused
+from .guard import Deadlines
 from .inflight import InFlight
 from .principal import Session
 from .raw_sasl import RawSasl
@@ -77,8 +77,7 @@ class ClientConnection(asyncio.Protocol):
     __slots__ = (
         "server", "chain", "stats", "usage", "ctx", "queue", "raw_sasl", "requests", "transport", "gate",
         "channel_mute", "upstream", "closed", "_reader", "_unsent", "_connect_task", "_hot_head", "_through",
-        "_accept_timer",
-        "_ip", "_active", "_idle_since", "_partial_since", "_partial_token", "_pool_bytes",
+        "_accept_timer", "_ip", "_active", "deadlines", "_pool_bytes",
     )
 
     def __init__(self, server: ProxyServer, node_id: int | None) -> None:
@@ -106,14 +105,11 @@ class ClientConnection(asyncio.Protocol):
         # come: they go to the broker as they arrive, never assembled into a frame.
         self._through = 0
         self._accept_timer: asyncio.TimerHandle | None = None
-        # For the connection guard (proxy.guard): the client's IP, whether bytes came since
-        # the last sweep and since when none did, the unfinished frame the sweep last saw and
-        # since when, the bytes this connection holds in the memory pool.
+        # For the connection guard (proxy.guard): the client's IP, whether bytes came since the
+        # last sweep, its deadlines (set once served), the bytes it holds in the memory pool.
         self._ip = ""
         self._active = False
-        self._idle_since = 0.0
-        self._partial_since = 0.0
-        self._partial_token: object = None
+        self.deadlines: Deadlines | None = None
         self._pool_bytes = 0
 
     # -- the client's transport -------------------------------------------------------------
@@ -170,7 +166,7 @@ class ClientConnection(asyncio.Protocol):
         self.gate = ReadGate(transport, self.stats)
         self.stats.open_connections += 1
         self.server.connections.add(self)
-        self._idle_since = time.monotonic()
+        self.deadlines = Deadlines(time.monotonic())
         if delay_ms:
             # max_connection_creation_rate: accepted later, as Kafka's Acceptor waits.
             self.gate.pause("accept")
@@ -270,28 +266,16 @@ class ClientConnection(asyncio.Protocol):
 
     def deadline_passed(self, now_s: float, idle_s: float, partial_s: float) -> str | None:
         """Whether this connection has been idle (nothing read, nothing awaited) for ``idle_s``
-        or has left one frame unfinished for ``partial_s``, not counting time in which the proxy
-        itself did not read it: "idle", "partial_request" or None. Called by the guard's sweep."""
+        or has left one frame unfinished for ``partial_s`` (see proxy.guard.Deadlines): "idle",
+        "partial_request" or None. Called by the guard's sweep."""
         if self.closed:
             return None
-        paused_by_proxy = proxy_paused(self.gate.reasons)
         pending = self.queue.pending
-        if self._active or pending or paused_by_proxy:
-            self._active = False
-            self._idle_since = now_s
-        elif now_s - self._idle_since >= idle_s:
-            return "idle"
-        if self._reader.idle and not self._through:
-            self._partial_token = None
-            return None
+        busy, self._active = self._active or bool(pending), False
         # The frame being read: a frame the reader started, or a hot-path request still coming.
-        token = (self._reader.frames_started, pending[-1] if self._through and pending else None)
-        if paused_by_proxy or token != self._partial_token:
-            self._partial_token = token
-            self._partial_since = now_s
-        elif now_s - self._partial_since >= partial_s:
-            return "partial_request"
-        return None
+        frame = None if self._reader.idle and not self._through else (
+            self._reader.frames_started, pending[-1] if self._through and pending else None)
+        return self.deadlines.passed(now_s, idle_s, partial_s, busy, self.gate.reasons, frame)
 
     def close_for(self, reason: str) -> None:
         """Closes this connection for a limit of the guard's (counted and logged by reason)."""

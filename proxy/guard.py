@@ -178,6 +178,39 @@ class ConnectionGuard:
         return self.quotas.expire_at(self._clock_ms())
 
 
+class Deadlines:
+    """One connection's clocks for the sweep: since when nothing was read or awaited, and since
+    when the frame being read has not finished. Time in which the proxy itself did not read the
+    connection counts for neither."""
+
+    __slots__ = ("idle_since", "_partial_since", "_partial_token")
+
+    def __init__(self, now_s: float) -> None:
+        self.idle_since = now_s
+        self._partial_since = now_s
+        self._partial_token: object = None
+
+    def passed(self, now_s: float, idle_s: float, partial_s: float, busy: bool, gate_reasons: Iterable[str],
+               frame: object) -> str | None:
+        """"idle", "partial_request" or None. ``busy``: bytes came or a response is awaited since
+        the last sweep; ``frame``: a token of the frame being read (None: between frames), the
+        same while that frame does not move on."""
+        paused_by_proxy = proxy_paused(gate_reasons)
+        if busy or paused_by_proxy:
+            self.idle_since = now_s
+        elif now_s - self.idle_since >= idle_s:
+            return "idle"
+        if frame is None:
+            self._partial_token = None
+            return None
+        if paused_by_proxy or frame != self._partial_token:
+            self._partial_token = frame
+            self._partial_since = now_s
+        elif now_s - self._partial_since >= partial_s:
+            return "partial_request"
+        return None
+
+
 def proxy_paused(reasons: Iterable[str]) -> bool:
     """Whether reading is paused by the proxy itself (not for the bytes it holds)."""
     return not _PROXY_PAUSES.isdisjoint(reasons)

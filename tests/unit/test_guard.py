@@ -140,7 +140,7 @@ def _sweep(pair: Pair, now_s: float, idle_s: float = 10.0, partial_s: float = 3.
 def test_an_idle_connection_passes_its_deadline_only_with_nothing_read_or_awaited():
     async def go():
         pair = Pair()
-        start = pair.conn._idle_since
+        start = pair.conn.deadlines.idle_since
         assert _sweep(pair, start + 9) is None
         assert _sweep(pair, start + 10) == "idle"
         pair.conn.data_received(list_offsets(1, "app"))  # read, and now awaited
@@ -159,7 +159,7 @@ def test_a_frame_left_unfinished_passes_its_deadline_a_stream_of_finished_frames
     async def go():
         pair = Pair()
         request = list_offsets(1, "app")
-        t = pair.conn._idle_since
+        t = pair.conn.deadlines.idle_since
         pair.conn.data_received(request[:3])  # slowloris: part of a size prefix
         assert _sweep(pair, t) is None
         pair.conn.data_received(request[3:4])  # bytes keep coming, the frame does not finish
@@ -167,7 +167,7 @@ def test_a_frame_left_unfinished_passes_its_deadline_a_stream_of_finished_frames
         assert _sweep(pair, t + 3) == "partial_request"
         # A client whose frames each finish is never cut, though one is unfinished at each sweep.
         busy = Pair()
-        t = busy.conn._idle_since
+        t = busy.conn.deadlines.idle_since
         for i in range(10):
             busy.conn.data_received(request[4:] if i else request[:4])
             busy.conn.data_received(request[:4])
@@ -181,7 +181,7 @@ def test_a_frame_left_unfinished_passes_its_deadline_a_stream_of_finished_frames
 def test_time_the_proxy_itself_does_not_read_a_client_does_not_count():
     async def go():
         pair = Pair()
-        t = pair.conn._idle_since
+        t = pair.conn.deadlines.idle_since
         pair.conn.data_received(list_offsets(1, "app")[:5])
         pair.conn.mute(60_000)
         assert _sweep(pair, t + 100) is None  # muted: neither idle nor late
