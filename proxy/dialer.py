@@ -85,7 +85,7 @@ class BrokerDialer:
         if self.sasl is not None:
             credentials(self.sasl)  # a secret that cannot be read stops a start, as a bad file does
         self._stats = stats
-        self._logs = {kind: LogLimiter(log, lines=1, interval_s=60.0) for kind in ("tls", "sasl")}
+        self._logs: dict[str, LogLimiter] = {}
 
     def server_hostname(self, host: str) -> str | None:
         """What the TLS handshake to ``host`` checks the certificate against (None: no TLS)."""
@@ -115,6 +115,15 @@ class BrokerDialer:
                 raise
         return conn
 
+    def log_failure(self, kind: str, level: int, msg: str, *args: object) -> None:
+        """Logs a failure of the proxy's own broker connections at most once a minute per
+        ``kind`` (a broker down or refusing the proxy would otherwise log at every retry, and
+        clients can trigger lookups)."""
+        limiter = self._logs.get(kind)
+        if limiter is None:
+            limiter = self._logs[kind] = LogLimiter(log, lines=1, interval_s=60.0)
+        limiter.log(level, msg, *args)
+
     def failed(self, kind: str, address: tuple[str, int], exc: Exception) -> ConnectionError:
         """Counts and logs (once a minute per kind) a TLS handshake or a SASL authentication the
         broker at ``address`` refused; returns the error for the caller to raise."""
@@ -122,8 +131,8 @@ class BrokerDialer:
         self._stats.upstream_auth_failures[(kind, reason)] += 1
         what = "TLS handshake with" if kind == "tls" else f"SASL {self.sasl.mechanism if self.sasl else ''} " \
                                                             "authentication to"
-        self._logs[kind].log(logging.ERROR, "%s broker %s:%d failed (%s): %s; retried with back-off", what,
-                             *address, reason, exc)
+        self.log_failure(kind, logging.ERROR, "%s broker %s:%d failed (%s): %s; retried with back-off", what,
+                         *address, reason, exc)
         return ConnectionError(f"{what} {address[0]}:{address[1]} failed: {exc}")
 
 

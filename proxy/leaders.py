@@ -168,7 +168,8 @@ class ExpeditedRefresher:
             try:
                 resp = await fetch_topic_metadata(self.cluster.dialer, address, topics, list(topic_ids), self.timeout_s)
             except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError, ValueError) as exc:
-                log.warning("%s metadata refresh from %s:%d failed: %s", reason, *address, exc or type(exc).__name__)
+                self.cluster.dialer.log_failure(f"{reason}_refresh", logging.WARNING, "%s metadata refresh from %s:%d "
+                                                "failed: %s", reason, *address, exc or type(exc).__name__)
                 continue
             for b in resp.brokers:
                 self.cluster.advertise(b.node_id, b.host, b.port)

@@ -76,7 +76,8 @@ async def refresh_once(cluster: Cluster, stats: ProxyStats, timeout_s: float) ->
             brokers = await fetch_brokers(cluster.dialer, address, timeout_s)
         except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError, ValueError) as exc:
             stats.metadata_refreshes["failure"] += 1
-            log.warning("metadata refresh from %s:%d failed: %s", *address, exc or type(exc).__name__)
+            cluster.dialer.log_failure("refresh", logging.WARNING, "metadata refresh from %s:%d failed: %s", *address,
+                                       exc or type(exc).__name__)
             continue
         stats.metadata_refreshes["success"] += 1
         for node_id, host, port in brokers:

@@ -108,7 +108,8 @@ class ControllerMutationFilter:
                     if t.error_code == 0:
                         self.topics.put(t.name, len(t.partitions), getattr(t, "topic_id", None))
         except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError) as exc:
-            log.warning("cannot look up partition counts at %s:%d: %s", *address, exc or type(exc).__name__)
+            ctx.cluster.dialer.log_failure("partition_lookup", logging.WARNING, "cannot look up partition counts at "
+                                           "%s:%d: %s", *address, exc or type(exc).__name__)
         if self.topics.num_partitions_default is None and header.api_key == ApiKey.CREATE_TOPICS:
             self.topics.num_partitions_default = self.fallback_num_partitions
         refreshed = self._topics(header.api_key, header.api_version, req)
