@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import functools
 import hashlib
 import hmac
 import re
@@ -108,6 +109,13 @@ def scram_sasl_name(username: str) -> str:
     return username.replace("=", "=3D").replace(",", "=2C")
 
 
+@functools.lru_cache(maxsize=4)
+def _salted_password(hash_name: str, password: str, salt: bytes, iterations: int) -> bytes:
+    """RFC 5802's Hi(): kept for the same password, salt and count (RFC 5802 §5.1 lets a client
+    cache it), so lookups that clients' requests start do not each cost thousands of HMACs."""
+    return hashlib.pbkdf2_hmac(hash_name, password.encode(), salt, iterations)
+
+
 class ScramClient:
     """The client side of one SCRAM-SHA-256 / SCRAM-SHA-512 exchange (RFC 5802, RFC 7677), as
     Kafka's ScramSaslClient: no channel binding, no SASLprep (the password's UTF-8 bytes, as
@@ -155,7 +163,7 @@ class ScramClient:
         except binascii.Error:
             raise SaslAuthenticationError(f"{self.mechanism}: malformed salt in server-first message") from None
         name = self._hash
-        salted = hashlib.pbkdf2_hmac(name, self._password.encode(), salt, iterations)  # RFC 5802 Hi()
+        salted = _salted_password(name, self._password, salt, iterations)
         # "biws" is base64("n,,"): the gs2 header again, channel binding data being empty.
         without_proof = f"c=biws,r={nonce}"
         auth_message = f"{self._client_first_bare},{text},{without_proof}".encode()
