@@ -103,7 +103,11 @@ class BrokerDialer:
                 raise self.failed("tls", address, exc) from exc
             conn = OwnConnection(reader, writer)
             try:
-                versions = await conn.round_trip(ApiVersionsRequest[0]())
+                try:
+                    versions = await conn.round_trip(ApiVersionsRequest[0]())
+                except ssl.SSLError as exc:
+                    # TLS 1.3: a broker refusing the proxy's certificate says so on the first read.
+                    raise self.failed("tls", address, exc) from exc
                 conn.api_versions = {e.api_key: (e.min_version, e.max_version) for e in versions.api_keys}
                 if self.sasl is not None:
                     try:
@@ -141,6 +145,8 @@ def _reason(kind: str, exc: Exception) -> str:
         if isinstance(exc, ssl.SSLCertVerificationError):
             # OpenSSL's X509_V_ERR_HOSTNAME_MISMATCH and X509_V_ERR_IP_ADDRESS_MISMATCH.
             return "hostname_mismatch" if exc.verify_code in (62, 64) else "certificate_refused"
+        if isinstance(exc, ssl.SSLError) and "CERTIFICATE_REQUIRED" in (exc.reason or ""):
+            return "certificate_required"  # the broker wants the proxy's client certificate
         return "handshake"
     if isinstance(exc, ConfigError):
         return "credentials_unreadable"

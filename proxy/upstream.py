@@ -311,6 +311,11 @@ class UpstreamConnection(asyncio.Protocol):
         client = self.client
         if client.closed:
             return
+        if isinstance(exc, ssl.SSLError):
+            # With TLS 1.3 a broker refusing the proxy's certificate (or its lack of one) says so
+            # after the handshake, on the first read: a TLS failure all the same.
+            peer = self.transport.get_extra_info("peername") if self.transport is not None else None
+            client.server.cluster.dialer.failed("tls", tuple(peer[:2]) if peer else ("broker", 0), exc)
         if self.queue.pending:
             client.server.guard.log(
                 "broker_closed", logging.WARNING, "broker closed the connection of %s with %d requests in flight%s",
