@@ -25,6 +25,7 @@ import pytest
 import trustme
 
 from tests.support.certs import TestPki
+from tests.support.polling import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -102,14 +103,6 @@ def _presented(p, pki: TestPki) -> bytes:
         return s.getpeercert(binary_form=True)
 
 
-def _wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 def _reloads(p) -> dict[str, float]:
@@ -133,7 +126,7 @@ def test_replaced_files_are_taken_by_new_connections_and_open_ones_keep_theirs(t
         second = live.install(_issue(pki, "proxy-gen-2"))
         assert second != first
         started = time.monotonic()
-        _wait_for(lambda: _presented(p, pki) == second, 5, "new connections to get the new certificate")
+        wait_for(lambda: _presented(p, pki) == second, 5, "new connections to get the new certificate")
         took = time.monotonic() - started
         # The poll runs every second, then the debounce (100 ms): about 1 s, well within 3 s.
         assert took < 3, took
@@ -157,7 +150,7 @@ def test_a_broken_replacement_keeps_the_certificate_in_force_until_fixed(tansu, 
 
     # Not PEM at all.
     live.replace(live.cert, b"-----BEGIN CERTIFICATE-----\ngarbage\n-----END CERTIFICATE-----\n")
-    _wait_for(lambda: _reloads(p)["failure"] == 1, 5, "the failed reload to be counted")
+    wait_for(lambda: _reloads(p)["failure"] == 1, 5, "the failed reload to be counted")
     errors = _error_lines(p)
     assert len(errors) == 1, errors
     assert "the certificates in force stay" in errors[0] and str(live.cert) in errors[0], errors
@@ -169,7 +162,7 @@ def test_a_broken_replacement_keeps_the_certificate_in_force_until_fixed(tansu, 
     stray = _issue(pki, "stray")
     live.replace(live.cert, b"".join(blob.bytes() for blob in second.cert_chain_pems))
     live.replace(live.key, stray.private_key_pem.bytes())
-    _wait_for(lambda: _reloads(p)["failure"] == 2, 5, "the mismatched key to be counted")
+    wait_for(lambda: _reloads(p)["failure"] == 2, 5, "the mismatched key to be counted")
     errors = _error_lines(p)
     assert len(errors) == 2, errors
     assert "the certificates in force stay" in errors[1] and str(live.key) in errors[1], errors
@@ -178,7 +171,7 @@ def test_a_broken_replacement_keeps_the_certificate_in_force_until_fixed(tansu, 
 
     # The fix: the key that goes with the certificate.
     live.replace(live.key, second.private_key_pem.bytes())
-    _wait_for(lambda: _presented(p, pki) == der(second), 5, "the fixed pair to be taken")
+    wait_for(lambda: _presented(p, pki) == der(second), 5, "the fixed pair to be taken")
     assert _reloads(p) == {"success": 1, "failure": 2}
     assert p.process.poll() is None
 
@@ -194,7 +187,7 @@ def test_sighup_reloads_at_once_whatever_the_debounce(tansu, proxy, pki, tmp_pat
     assert _reloads(p) == {"success": 0, "failure": 0}
 
     os.kill(p.pid, signal.SIGHUP)
-    _wait_for(lambda: _presented(p, pki) == second, 2, "SIGHUP to take the new certificate")
+    wait_for(lambda: _presented(p, pki) == second, 2, "SIGHUP to take the new certificate")
     assert _reloads(p) == {"success": 1, "failure": 0}
     assert "certificates reloaded (SIGHUP)" in p.log_text()
     assert _error_lines(p) == []

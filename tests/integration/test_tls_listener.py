@@ -15,6 +15,7 @@ import pytest
 
 from tests.support.certs import TestPki
 from tests.support.inproc import InProcessProxy
+from tests.support.polling import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -59,14 +60,6 @@ def _failures(proxy_proc) -> dict[str, float]:
             if name == "kqp_tls_handshake_failures_total"}
 
 
-def _wait_for(predicate, timeout_s: float = 10.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("timed out")
 
 
 def test_kafka_python_and_confluent_kafka_produce_and_consume_over_tls(tansu, proxy, pki):
@@ -147,7 +140,7 @@ def test_bad_handshakes_close_only_their_connection_each_counted(tansu, proxy, p
     stalled = socket.create_connection(address, timeout=5)
     try:
         try:
-            failures = _wait_for(lambda: (f := _failures(p)) and sum(f.values()) >= 5 and f)
+            failures = wait_for(lambda: (f := _failures(p)) and sum(f.values()) >= 5 and f)
         except AssertionError:
             raise AssertionError(f"{_failures(p)}\n" + "\n".join(
                 line for line in p.log_text().splitlines() if "TLS" in line)) from None
@@ -196,5 +189,5 @@ def test_clients_that_close_right_after_their_handshake_hold_nothing(tansu, prox
     for _ in range(30):
         with socket.create_connection((host, int(port)), timeout=5) as raw:
             _client_context(pki).wrap_socket(raw, server_hostname="127.0.0.1").close()
-    _wait_for(lambda: p.metric_sum("kqp_open_connections") == 0, timeout_s=5)
+    wait_for(lambda: p.metric_sum("kqp_open_connections") == 0, timeout_s=5)
     assert _failures(p).get("timeout", 0) == 0

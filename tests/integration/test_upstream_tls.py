@@ -29,6 +29,7 @@ import yaml
 from proxy import procnet
 from proxy.cli import main
 from tests.support.certs import Pem, TestPki
+from tests.support.polling import wait_for
 from tests.support.tls_broker import TlsTansu
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -86,14 +87,6 @@ def _auth_failures(p) -> dict[tuple[str, str], float]:
             if name == AUTH_FAILURES}
 
 
-def _wait_for(predicate, timeout_s: float = 10.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _assert_only_proxy_addresses(p, advertised: set[tuple[str, int]], broker: TlsTansu) -> None:
@@ -116,7 +109,7 @@ def _assert_refused(p, reason: str) -> None:
     """The proxy cannot serve: a client is closed without an answer; the TLS refusal is counted
     with ``reason`` (and as a connect failure) and logged."""
     assert _ask(p.address) is None
-    failures = _wait_for(lambda: _auth_failures(p).get(("tls", reason)), what=f"a TLS {reason} counted")
+    failures = wait_for(lambda: _auth_failures(p).get(("tls", reason)), what=f"a TLS {reason} counted")
     assert failures > 0, _auth_failures(p)
     assert set(_auth_failures(p)) == {("tls", reason)}, _auth_failures(p)
     assert p.metric_sum("kqp_upstream_connect_failures_total") > 0
@@ -276,7 +269,7 @@ def test_mtls_to_the_broker_needs_the_proxy_certificate(mtls_tansu, proxy, pki):
 def test_a_broker_refusing_the_proxy_without_certificate_is_counted_as_tls(mtls_tansu, proxy, pki):
     anonymous = proxy([mtls_tansu.bootstrap], extra_config=_upstream(mtls_tansu, ca=pki.ca_file))
     assert _ask(anonymous.address) is None
-    failures = _wait_for(lambda: _auth_failures(anonymous), timeout_s=1.5, what="the refused handshake counted")
+    failures = wait_for(lambda: _auth_failures(anonymous), timeout_s=1.5, what="the refused handshake counted")
     # With TLS 1.3 the broker's refusal comes after the proxy's side of the handshake is done,
     # on the first read: still a TLS failure, by its own reason.
     assert set(failures) == {("tls", "certificate_required")}, failures
