@@ -161,6 +161,8 @@ class EarlyBytes(asyncio.Protocol):
             return
         tls_protocol: Any = raw.get_protocol()
         data, self.data = bytes(self.data), bytearray()
+        if tls_protocol is None or raw.is_closing():
+            return  # the client went away meanwhile: its handshake fails on its own
         # Duck-typed: uvloop's TLS protocol is buffered but no asyncio.BufferedProtocol subclass.
         if hasattr(tls_protocol, "buffer_updated"):  # asyncio's and uvloop's TLS protocols
             while data:

@@ -1,4 +1,5 @@
-"""Shared fixtures: a real Tansu broker, the same behind a counting relay, the proxy process.
+"""Shared fixtures: a real Tansu broker, the same behind a counting relay, the proxy process;
+certificates made for the test (``pki``) and Tansu behind stunnel speaking TLS (``tls_tansu``).
 
 Every server listens on 127.0.0.1 on a port the OS picked, and the test that started it
 stops it (all fixtures here are function-scoped; Tansu starts in well under a second).
@@ -11,9 +12,11 @@ from dataclasses import dataclass
 
 import pytest
 
+from tests.support.certs import TestPki
 from tests.support.proxy_process import ProxyProcess
 from tests.support.relay import CountingRelay
 from tests.support.tansu import TansuBroker
+from tests.support.tls_broker import TlsTansu
 
 
 @dataclass
@@ -44,6 +47,20 @@ def relay_tansu():
             yield BrokerBehindRelay(broker=broker, relay=relay)
     finally:
         relay.stop()
+
+
+@pytest.fixture
+def pki(tmp_path):
+    """A test CA, a server certificate for 127.0.0.1 and client certificates on demand, as PEM
+    files in ``tmp_path``."""
+    return TestPki(tmp_path)
+
+
+@pytest.fixture
+def tls_tansu(pki):
+    """Tansu behind stunnel: TLS on ``bootstrap`` with ``pki.server``'s certificate."""
+    with TlsTansu(pki.server) as broker:
+        yield broker
 
 
 @pytest.fixture

@@ -17,24 +17,19 @@ import os
 import signal
 import socket
 import ssl
-import struct
 import time
 from pathlib import Path
 
 import pytest
 import trustme
 
-from tests.support.certs import TestPki
+from tests.support.certs import TestPki, chain_pem, leaf_der, replace_file
 from tests.support.polling import wait_for
+from tests.support.wire import api_versions_round_trip
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 RELOADS = "kqp_certificate_reloads_total"
-
-
-@pytest.fixture
-def pki(tmp_path):
-    return TestPki(tmp_path)
 
 
 class LiveFiles:
@@ -47,19 +42,9 @@ class LiveFiles:
 
     def install(self, leaf: trustme.LeafCert) -> bytes:
         """Puts ``leaf``'s chain and key in place (each by a rename); returns its DER."""
-        self.replace(self.cert, b"".join(blob.bytes() for blob in leaf.cert_chain_pems))
-        self.replace(self.key, leaf.private_key_pem.bytes())
-        return der(leaf)
-
-    @staticmethod
-    def replace(path: Path, data: bytes) -> None:
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-
-
-def der(leaf: trustme.LeafCert) -> bytes:
-    return ssl.PEM_cert_to_DER_cert(leaf.cert_chain_pems[0].bytes().decode())
+        replace_file(self.cert, chain_pem(leaf))
+        replace_file(self.key, leaf.private_key_pem.bytes())
+        return leaf_der(leaf)
 
 
 def _issue(pki: TestPki, common_name: str) -> trustme.LeafCert:
@@ -73,33 +58,15 @@ def _start(proxy, tansu, live: LiveFiles, debounce_ms: int):
     })
 
 
-def _api_versions(correlation_id: int) -> bytes:
-    body = struct.pack(">hhih", 18, 0, correlation_id, 3) + b"kqp"  # ApiVersions v0, client id "kqp"
-    return struct.pack(">i", len(body)) + body
-
-
-def _round_trip(sock, correlation_id: int = 7) -> int:
-    """Sends ApiVersions v0 and returns the correlation id of the answer (its body is read too)."""
-    sock.sendall(_api_versions(correlation_id))
-    data = b""
-    while len(data) < 4 or len(data) < 4 + struct.unpack(">i", data[:4])[0]:
-        chunk = sock.recv(65536)
-        if not chunk:
-            raise ConnectionError("closed")
-        data += chunk
-    return struct.unpack(">ii", data[:8])[1]
-
-
 def _connect(p, pki: TestPki) -> ssl.SSLSocket:
-    ctx = ssl.create_default_context(cafile=pki.ca_file)
     raw = socket.create_connection(p.address, timeout=5)
-    return ctx.wrap_socket(raw, server_hostname="127.0.0.1")
+    return pki.client_context().wrap_socket(raw, server_hostname="127.0.0.1")
 
 
 def _presented(p, pki: TestPki) -> bytes:
     """The certificate a new TLS connection gets (DER); the connection answers ApiVersions."""
     with _connect(p, pki) as s:
-        assert _round_trip(s) == 7
+        assert api_versions_round_trip(s) == 7
         return s.getpeercert(binary_form=True)
 
 
@@ -120,7 +87,7 @@ def test_replaced_files_are_taken_by_new_connections_and_open_ones_keep_theirs(t
     held = _connect(p, pki)
     try:
         assert held.getpeercert(binary_form=True) == first
-        assert _round_trip(held, 1) == 1
+        assert api_versions_round_trip(held, 1) == 1
         assert _reloads(p) == {"success": 0, "failure": 0}
 
         second = live.install(_issue(pki, "proxy-gen-2"))
@@ -132,7 +99,7 @@ def test_replaced_files_are_taken_by_new_connections_and_open_ones_keep_theirs(t
         assert took < 3, took
 
         # The connection opened before the change still works, on the certificate it got.
-        assert _round_trip(held, 2) == 2
+        assert api_versions_round_trip(held, 2) == 2
         assert held.getpeercert(binary_form=True) == first
     finally:
         held.close()
@@ -149,7 +116,7 @@ def test_a_broken_replacement_keeps_the_certificate_in_force_until_fixed(tansu, 
     assert _presented(p, pki) == first
 
     # Not PEM at all.
-    live.replace(live.cert, b"-----BEGIN CERTIFICATE-----\ngarbage\n-----END CERTIFICATE-----\n")
+    replace_file(live.cert, b"-----BEGIN CERTIFICATE-----\ngarbage\n-----END CERTIFICATE-----\n")
     wait_for(lambda: _reloads(p)["failure"] == 1, 5, "the failed reload to be counted")
     errors = _error_lines(p)
     assert len(errors) == 1, errors
@@ -160,8 +127,8 @@ def test_a_broken_replacement_keeps_the_certificate_in_force_until_fixed(tansu, 
     # A valid certificate, but the key is another certificate's.
     second = _issue(pki, "proxy-gen-2")
     stray = _issue(pki, "stray")
-    live.replace(live.cert, b"".join(blob.bytes() for blob in second.cert_chain_pems))
-    live.replace(live.key, stray.private_key_pem.bytes())
+    replace_file(live.cert, chain_pem(second))
+    replace_file(live.key, stray.private_key_pem.bytes())
     wait_for(lambda: _reloads(p)["failure"] == 2, 5, "the mismatched key to be counted")
     errors = _error_lines(p)
     assert len(errors) == 2, errors
@@ -170,8 +137,8 @@ def test_a_broken_replacement_keeps_the_certificate_in_force_until_fixed(tansu, 
     assert _reloads(p)["success"] == 0
 
     # The fix: the key that goes with the certificate.
-    live.replace(live.key, second.private_key_pem.bytes())
-    wait_for(lambda: _presented(p, pki) == der(second), 5, "the fixed pair to be taken")
+    replace_file(live.key, second.private_key_pem.bytes())
+    wait_for(lambda: _presented(p, pki) == leaf_der(second), 5, "the fixed pair to be taken")
     assert _reloads(p) == {"success": 1, "failure": 2}
     assert p.process.poll() is None
 

@@ -57,11 +57,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 CN_RULES = "RULE:^CN=([^,]+),.*$/$1/,DEFAULT"
 
 
-@pytest.fixture
-def pki(tmp_path):
-    return TestPki(tmp_path)
-
-
 def _tls(pki: TestPki, **extra) -> dict:
     return {"certificate": pki.server.cert, "key": pki.server.key, **extra}
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import socket
 import ssl
-import struct
 import time
 import uuid
 
@@ -16,43 +15,15 @@ import pytest
 from tests.support.certs import TestPki
 from tests.support.inproc import InProcessProxy
 from tests.support.polling import wait_for
+from tests.support.wire import api_versions_round_trip, api_versions_v0
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 RECORDS = 200
 
 
-@pytest.fixture
-def pki(tmp_path):
-    return TestPki(tmp_path)
-
-
 def _tls(pki: TestPki, **extra) -> dict:
     return {"listen": {"tls": {"certificate": pki.server.cert, "key": pki.server.key, **extra}}}
-
-
-def _api_versions(correlation_id: int) -> bytes:
-    body = struct.pack(">hhih", 18, 0, correlation_id, 3) + b"kqp"  # ApiVersions v0, client id "kqp"
-    return struct.pack(">i", len(body)) + body
-
-
-def _round_trip(sock) -> int:
-    """Sends ApiVersions v0 and returns the correlation id of the answer."""
-    sock.sendall(_api_versions(7))
-    head = b""
-    while len(head) < 8:
-        chunk = sock.recv(8 - len(head))
-        if not chunk:
-            raise ConnectionError("closed")
-        head += chunk
-    return struct.unpack(">ii", head)[1]
-
-
-def _client_context(pki: TestPki, cert=None) -> ssl.SSLContext:
-    ctx = ssl.create_default_context(cafile=pki.ca_file)
-    if cert is not None:
-        ctx.load_cert_chain(cert.cert, cert.key)
-    return ctx
 
 
 def _failures(proxy_proc) -> dict[str, float]:
@@ -116,26 +87,25 @@ def test_kafka_python_and_confluent_kafka_produce_and_consume_over_tls(tansu, pr
 def test_bad_handshakes_close_only_their_connection_each_counted(tansu, proxy, pki):
     p = proxy([tansu.bootstrap], extra_config=_tls(pki, client_auth="required", ca=pki.ca_file,
                                                     handshake_timeout_ms=500))
-    host, port = p.bootstrap.split(":")
-    address = (host, int(port))
+    address = p.address
     good = pki.client("good", "alice")
 
     # Plaintext Kafka on the TLS port: closed at once, nothing answered.
     with socket.create_connection(address, timeout=5) as s:
-        s.sendall(_api_versions(1))
+        s.sendall(api_versions_v0(1))
         answer = s.recv(100)
         assert answer == b"" or answer[0] == 0x15, answer  # at most a TLS alert record, never a Kafka answer
     # A client certificate from another CA, and an expired one.
     for cert in (pki.client("stranger", "mallory", other_ca=True), pki.client("old", "alice", expired=True)):
         with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
             with socket.create_connection(address, timeout=5) as raw:
-                with _client_context(pki, cert).wrap_socket(raw, server_hostname="127.0.0.1") as s:
-                    _round_trip(s)
+                with pki.client_context(cert).wrap_socket(raw, server_hostname="127.0.0.1") as s:
+                    api_versions_round_trip(s)
     # No certificate at all, with client_auth required.
     with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
         with socket.create_connection(address, timeout=5) as raw:
-            with _client_context(pki).wrap_socket(raw, server_hostname="127.0.0.1") as s:
-                _round_trip(s)
+            with pki.client_context().wrap_socket(raw, server_hostname="127.0.0.1") as s:
+                api_versions_round_trip(s)
     # A handshake that never starts: the proxy gives up after handshake_timeout_ms.
     stalled = socket.create_connection(address, timeout=5)
     try:
@@ -150,8 +120,8 @@ def test_bad_handshakes_close_only_their_connection_each_counted(tansu, proxy, p
                         "timeout": 1}, failures
     # Everyone else keeps working.
     with socket.create_connection(address, timeout=5) as raw:
-        with _client_context(pki, good).wrap_socket(raw, server_hostname="127.0.0.1") as s:
-            assert _round_trip(s) == 7
+        with pki.client_context(good).wrap_socket(raw, server_hostname="127.0.0.1") as s:
+            assert api_versions_round_trip(s) == 7
     assert p.metric_sum("kqp_connections_closed_total", reason="tls_handshake") == 5
     assert p.stop() == 0
 
@@ -167,9 +137,9 @@ def test_a_client_certificate_gives_the_principal_and_sasl_is_not_needed(tansu, 
         try:
             for cert in (*certs.values(), None):
                 raw = socket.create_connection(address, timeout=5)
-                s = _client_context(pki, cert).wrap_socket(raw, server_hostname="127.0.0.1")
+                s = pki.client_context(cert).wrap_socket(raw, server_hostname="127.0.0.1")
                 socks.append(s)
-                assert _round_trip(s) == 7
+                assert api_versions_round_trip(s) == 7
             principals = proxy.run(lambda: sorted(c.ctx.session.principal for c in proxy.server.connections))
         finally:
             for s in socks:
@@ -185,9 +155,8 @@ def test_clients_that_close_right_after_their_handshake_hold_nothing(tansu, prox
     # A client gone between its handshake and the proxy taking the connection must not stay
     # counted open (it would hold a slot of max_connections until the idle timeout).
     p = proxy([tansu.bootstrap], extra_config=_tls(pki))
-    host, port = p.bootstrap.split(":")
     for _ in range(30):
-        with socket.create_connection((host, int(port)), timeout=5) as raw:
-            _client_context(pki).wrap_socket(raw, server_hostname="127.0.0.1").close()
+        with socket.create_connection(p.address, timeout=5) as raw:
+            pki.client_context().wrap_socket(raw, server_hostname="127.0.0.1").close()
     wait_for(lambda: p.metric_sum("kqp_open_connections") == 0, timeout_s=5)
     assert _failures(p).get("timeout", 0) == 0

@@ -19,39 +19,25 @@ The proxy runs as a real process (uvloop, as operators run it) unless said other
 from __future__ import annotations
 
 import socket
-import struct
 import time
 import uuid
 
 import pytest
 import yaml
 
+from config.loader import split_host_port
 from proxy import procnet
 from proxy.cli import main
 from tests.support.certs import Pem, TestPki
+from tests.support.kafka_python import produce_and_read_back
 from tests.support.polling import wait_for
 from tests.support.tls_broker import TlsTansu
+from tests.support.wire import api_versions_round_trip
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 RECORDS = 100
 AUTH_FAILURES = "kqp_upstream_authentication_failures_total"
-
-
-@pytest.fixture
-def pki(tmp_path):
-    return TestPki(tmp_path)
-
-
-@pytest.fixture
-def tls_tansu(pki):
-    with TlsTansu(pki.server) as broker:
-        yield broker
-
-
-def _address(bootstrap: str) -> tuple[str, int]:
-    host, port = bootstrap.rsplit(":", 1)
-    return host, int(port)
 
 
 def _upstream(broker: TlsTansu, **tls) -> dict:
@@ -60,26 +46,14 @@ def _upstream(broker: TlsTansu, **tls) -> dict:
     return {"upstream": {"connect_timeout_s": 3, "tls": tls}}
 
 
-def _api_versions(correlation_id: int) -> bytes:
-    body = struct.pack(">hhih", 18, 0, correlation_id, 3) + b"kqp"  # ApiVersions v0, client id "kqp"
-    return struct.pack(">i", len(body)) + body
-
-
 def _ask(address: tuple[str, int], timeout_s: float = 10.0) -> int | None:
     """Sends ApiVersions v0 in plaintext to the proxy; the answer's correlation id, or None when
     the proxy closed the connection without answering."""
     with socket.create_connection(address, timeout=timeout_s) as s:
-        s.sendall(_api_versions(7))
-        head = b""
-        while len(head) < 8:
-            try:
-                chunk = s.recv(8 - len(head))
-            except ConnectionResetError:
-                return None
-            if not chunk:
-                return None
-            head += chunk
-    return struct.unpack(">ii", head)[1]
+        try:
+            return api_versions_round_trip(s)
+        except ConnectionError:  # closed, or reset, before an answer
+            return None
 
 
 def _auth_failures(p) -> dict[tuple[str, str], float]:
@@ -94,7 +68,7 @@ def _assert_only_proxy_addresses(p, advertised: set[tuple[str, int]], broker: Tl
     Tansu's."""
     assert advertised and all(host == "127.0.0.1" for host, _ in advertised), advertised
     ports = {port for _, port in advertised}
-    assert not ports & {broker.port, _address(broker.plain_bootstrap)[1]}, advertised
+    assert not ports & {broker.port, split_host_port(broker.plain_bootstrap)[1]}, advertised
     proxy_inodes = procnet.socket_inodes(p.pid)
     for port in ports:
         assert procnet.listening_inodes(port) & proxy_inodes, f"port {port} is not the proxy's"
@@ -123,7 +97,7 @@ def _assert_refused(p, reason: str) -> None:
 
 
 def test_a_plaintext_client_produces_and_consumes_through_tls_to_the_broker(tls_tansu, proxy, pki):
-    from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+    from kafka import KafkaAdminClient
     from kafka.admin import NewTopic
 
     p = proxy([tls_tansu.bootstrap], extra_config=_upstream(tls_tansu, ca=pki.ca_file))
@@ -136,22 +110,9 @@ def test_a_plaintext_client_produces_and_consumes_through_tls_to_the_broker(tls_
         admin.close()
     _assert_only_proxy_addresses(p, {(b["host"], b["port"]) for b in brokers}, tls_tansu)
 
-    producer = KafkaProducer(bootstrap_servers=p.bootstrap, client_id="up-tls-kp", acks="all")
     sent = [f"record-{i}".encode() for i in range(RECORDS)]
-    for value in sent:
-        producer.send(topic, value=value, partition=0)
-    producer.flush(30)
-    producer.close()
-    consumer = KafkaConsumer(bootstrap_servers=p.bootstrap, client_id="up-tls-consumer", enable_auto_commit=False,
-                             auto_offset_reset="earliest", consumer_timeout_ms=10_000)
-    consumer.assign([TopicPartition(topic, 0)])
-    received = []
-    for record in consumer:
-        received.append(record.value)
-        if len(received) == len(sent):
-            break
-    consumer.close()
-    assert received == sent
+    assert produce_and_read_back(p.bootstrap, topic, sent, {"client_id": "up-tls-kp"},
+                                 {"client_id": "up-tls-consumer"}) == sent
     assert _auth_failures(p) == {}
     assert p.metric_sum("kqp_upstream_connect_failures_total") == 0
     assert p.stop() == 0

@@ -4,10 +4,29 @@ certificates with chosen subjects, an expired one, and one from another CA, as P
 from __future__ import annotations
 
 import datetime
+import os
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
 import trustme
+
+
+def chain_pem(leaf: trustme.LeafCert) -> bytes:
+    """``leaf``'s certificate chain as one PEM file's content, leaf first."""
+    return b"".join(blob.bytes() for blob in leaf.cert_chain_pems)
+
+
+def leaf_der(leaf: trustme.LeafCert) -> bytes:
+    """``leaf``'s own certificate as DER, as ``getpeercert(binary_form=True)`` gives it."""
+    return ssl.PEM_cert_to_DER_cert(leaf.cert_chain_pems[0].bytes().decode())
+
+
+def replace_file(path: Path, data: bytes) -> None:
+    """Puts ``data`` at ``path`` as a tool would: written aside, renamed into place (a new inode)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
 
 
 @dataclass(frozen=True)
@@ -39,10 +58,17 @@ class TestPki:
                              organization_unit_name=organization_unit, **kwargs)
         return self._pem(name, cert)
 
+    def client_context(self, cert: Pem | None = None) -> ssl.SSLContext:
+        """A client's TLS context: trusts ``ca_file``, checks the hostname, presents ``cert``
+        when given."""
+        ctx = ssl.create_default_context(cafile=self.ca_file)
+        if cert is not None:
+            ctx.load_cert_chain(cert.cert, cert.key)
+        return ctx
+
     def _pem(self, name: str, cert: trustme.LeafCert) -> Pem:
-        chain = b"".join(blob.bytes() for blob in cert.cert_chain_pems)
         key = self._write(f"{name}.key", cert.private_key_pem.bytes())
-        return Pem(str(self._write(f"{name}.pem", chain)), str(key))
+        return Pem(str(self._write(f"{name}.pem", chain_pem(cert))), str(key))
 
     def _write(self, name: str, data: bytes) -> Path:
         path = self.directory / name

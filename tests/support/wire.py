@@ -45,6 +45,22 @@ def is_closed(sock: socket.socket, timeout_s: float = 5.0) -> bool:
         return False
 
 
+def api_versions_v0(correlation_id: int) -> bytes:
+    """ApiVersions v0 with client id "kqp", framed: the smallest request every Kafka server
+    answers (and, in plaintext, what a TLS port must not answer)."""
+    return request_bytes(ApiVersionsRequest[0](), correlation_id, client_id="kqp")
+
+
+def api_versions_round_trip(sock: socket.socket, correlation_id: int = 7) -> int:
+    """Sends ApiVersions v0 on ``sock`` (plain or TLS) and returns the correlation id of the
+    answer, read whole; ConnectionError when the peer closed before answering."""
+    sock.sendall(api_versions_v0(correlation_id))
+    frame = read_frame(sock)
+    if frame is None:
+        raise ConnectionError("closed")
+    return struct.unpack(">i", frame[:4])[0]
+
+
 def api_versions(address: tuple[str, int], version: int = 3, correlation_id: int = 7):
     """One ApiVersions round trip on a fresh connection; returns the decoded response."""
     with socket.create_connection(address, timeout=10) as s:

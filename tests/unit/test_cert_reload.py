@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import ssl
 from pathlib import Path
 
@@ -21,24 +20,10 @@ import trustme
 from config import parse_config
 from proxy.cert_reload import CertificateReloader, tls_files, watch_certificates
 from proxy.server import ProxyServer
-from tests.support.certs import TestPki
+from tests.support.certs import TestPki, chain_pem, leaf_der, replace_file
+from tests.support.memory_tls import handshake_in_memory
 
 DEBOUNCE_S = 0.5
-
-
-def _chain(leaf: trustme.LeafCert) -> bytes:
-    return b"".join(blob.bytes() for blob in leaf.cert_chain_pems)
-
-
-def _der(leaf: trustme.LeafCert) -> bytes:
-    return ssl.PEM_cert_to_DER_cert(leaf.cert_chain_pems[0].bytes().decode())
-
-
-def _replace(path: Path, data: bytes) -> None:
-    """As a tool would: written aside, renamed into place (a new inode)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 class Files:
@@ -55,20 +40,15 @@ class Files:
 
     def server_pair(self, common_name: str) -> trustme.LeafCert:
         leaf = self.pki.ca.issue_cert("127.0.0.1", common_name=common_name)
-        _replace(self.cert, _chain(leaf))
-        _replace(self.key, leaf.private_key_pem.bytes())
+        replace_file(self.cert, chain_pem(leaf))
+        replace_file(self.key, leaf.private_key_pem.bytes())
         return leaf
 
     def client_pair(self, common_name: str) -> trustme.LeafCert:
         leaf = self.pki.ca.issue_cert(f"{common_name}.clients.test", common_name=common_name)
-        _replace(self.client_cert, _chain(leaf))
-        _replace(self.client_key, leaf.private_key_pem.bytes())
+        replace_file(self.client_cert, chain_pem(leaf))
+        replace_file(self.client_key, leaf.private_key_pem.bytes())
         return leaf
-
-
-@pytest.fixture
-def pki(tmp_path):
-    return TestPki(tmp_path)
 
 
 @pytest.fixture
@@ -96,33 +76,9 @@ def reloader(server):
     return CertificateReloader(server, DEBOUNCE_S)
 
 
-def _handshake(client: ssl.SSLObject, server: ssl.SSLObject, c_in, c_out, s_in, s_out) -> None:
-    done = {"client": False, "server": False}
-    for _ in range(20):
-        for name, side in (("client", client), ("server", server)):
-            if not done[name]:
-                try:
-                    side.do_handshake()
-                    done[name] = True
-                except ssl.SSLWantReadError:
-                    pass
-        s_in.write(c_out.read())
-        c_in.write(s_out.read())
-        if all(done.values()):
-            return
-    raise AssertionError("the in-memory handshake did not finish")
-
-
-def _bios():
-    return ssl.MemoryBIO(), ssl.MemoryBIO(), ssl.MemoryBIO(), ssl.MemoryBIO()
-
-
 def presented_by_listener(server: ProxyServer, pki: TestPki) -> bytes:
     """The certificate a client connecting now gets (DER)."""
-    c_in, c_out, s_in, s_out = _bios()
-    client = ssl.create_default_context(cafile=pki.ca_file).wrap_bio(c_in, c_out, server_hostname="127.0.0.1")
-    side = server.tls.context.wrap_bio(s_in, s_out, server_side=True)
-    _handshake(client, side, c_in, c_out, s_in, s_out)
+    client, _ = handshake_in_memory(pki.client_context(), server.tls.context, "127.0.0.1")
     return client.getpeercert(binary_form=True)
 
 
@@ -132,10 +88,7 @@ def presented_to_brokers(server: ProxyServer, pki: TestPki) -> bytes:
     broker.load_cert_chain(pki.server.cert, pki.server.key)
     broker.verify_mode = ssl.CERT_REQUIRED
     broker.load_verify_locations(cafile=pki.ca_file)
-    c_in, c_out, s_in, s_out = _bios()
-    client = server.cluster.dialer.tls.wrap_bio(c_in, c_out, server_hostname="127.0.0.1")
-    side = broker.wrap_bio(s_in, s_out, server_side=True)
-    _handshake(client, side, c_in, c_out, s_in, s_out)
+    _, side = handshake_in_memory(server.cluster.dialer.tls, broker, "127.0.0.1")
     return side.getpeercert(binary_form=True)
 
 
@@ -160,8 +113,8 @@ def test_nothing_changes_and_nothing_is_read(reloader, server, pki, files):
         assert not reloader.poll_at(now)
     assert (server.tls, server.cluster.dialer.tls) == before
     assert _counts(server) == {}
-    assert presented_by_listener(server, pki) == _der(files.first)
-    assert presented_to_brokers(server, pki) == _der(files.first_client)
+    assert presented_by_listener(server, pki) == leaf_der(files.first)
+    assert presented_to_brokers(server, pki) == leaf_der(files.first_client)
 
 
 def test_no_reload_until_the_files_are_stable_for_the_debounce(reloader, server, pki, files):
@@ -171,11 +124,11 @@ def test_no_reload_until_the_files_are_stable_for_the_debounce(reloader, server,
     assert reloader.poll_interval_s == pytest.approx(DEBOUNCE_S / 4)  # polled faster meanwhile
     assert not reloader.poll_at(100.0 + DEBOUNCE_S - 0.01)
     assert server.tls is old and _counts(server) == {}
-    assert presented_by_listener(server, pki) == _der(files.first)
+    assert presented_by_listener(server, pki) == leaf_der(files.first)
 
     assert reloader.poll_at(100.0 + DEBOUNCE_S)
     assert server.tls is not old
-    assert presented_by_listener(server, pki) == _der(second)
+    assert presented_by_listener(server, pki) == leaf_der(second)
     assert _counts(server) == {"success": 1}
     assert reloader.poll_interval_s == CertificateReloader.POLL_S
     # Taken once: later polls see nothing new.
@@ -187,23 +140,23 @@ def test_no_reload_until_the_files_are_stable_for_the_debounce(reloader, server,
 def test_a_certificate_and_its_key_replaced_at_different_times_are_read_together(reloader, server, pki, files,
                                                                                 caplog):
     second = files.pki.ca.issue_cert("127.0.0.1", common_name="gen-2")
-    _replace(files.cert, _chain(second))  # the new certificate with the old key: no pair yet
+    replace_file(files.cert, chain_pem(second))  # the new certificate with the old key: no pair yet
     assert not reloader.poll_at(10.0)
     assert not reloader.poll_at(10.3)
-    _replace(files.key, second.private_key_pem.bytes())  # the key follows within the debounce
+    replace_file(files.key, second.private_key_pem.bytes())  # the key follows within the debounce
     assert not reloader.poll_at(10.45)
     # The certificate has been stable for longer than the debounce, the key has not: not yet.
     assert not reloader.poll_at(10.6)
     assert _counts(server) == {}
     assert reloader.poll_at(10.45 + DEBOUNCE_S)
     assert _counts(server) == {"success": 1}
-    assert presented_by_listener(server, pki) == _der(second)
+    assert presented_by_listener(server, pki) == leaf_der(second)
     assert _errors(caplog) == []
 
 
 def test_a_failed_reload_keeps_the_contexts_in_force_and_names_the_file(reloader, server, pki, files, caplog):
     old_listener, old_dialer = server.tls, server.cluster.dialer.tls
-    _replace(files.cert, b"-----BEGIN CERTIFICATE-----\nnot base64 at all\n-----END CERTIFICATE-----\n")
+    replace_file(files.cert, b"-----BEGIN CERTIFICATE-----\nnot base64 at all\n-----END CERTIFICATE-----\n")
     assert not reloader.poll_at(0.0)
     with caplog.at_level(logging.ERROR, logger="proxy.cert_reload"):
         assert not reloader.poll_at(DEBOUNCE_S)
@@ -212,13 +165,13 @@ def test_a_failed_reload_keeps_the_contexts_in_force_and_names_the_file(reloader
     [message] = _errors(caplog)
     assert "the certificates in force stay" in message
     assert "listen.tls.certificate" in message and str(files.cert) in message, message
-    assert presented_by_listener(server, pki) == _der(files.first)
+    assert presented_by_listener(server, pki) == leaf_der(files.first)
 
 
 def test_a_key_that_is_not_the_certificates_is_refused(reloader, server, pki, files, caplog):
     old = server.tls
     stray = files.pki.ca.issue_cert("127.0.0.1", common_name="stray")
-    _replace(files.key, stray.private_key_pem.bytes())
+    replace_file(files.key, stray.private_key_pem.bytes())
     assert not reloader.poll_at(0.0)
     with caplog.at_level(logging.ERROR, logger="proxy.cert_reload"):
         assert not reloader.poll_at(DEBOUNCE_S)
@@ -228,7 +181,7 @@ def test_a_key_that_is_not_the_certificates_is_refused(reloader, server, pki, fi
 
 
 def test_the_same_broken_files_are_not_read_again_until_they_change(reloader, server, pki, files, caplog):
-    _replace(files.cert, b"garbage\n")
+    replace_file(files.cert, b"garbage\n")
     reloader.poll_at(0.0)
     with caplog.at_level(logging.ERROR, logger="proxy.cert_reload"):
         assert not reloader.poll_at(DEBOUNCE_S)
@@ -247,7 +200,7 @@ def test_the_same_broken_files_are_not_read_again_until_they_change(reloader, se
     assert not reloader.poll_at(200.0)
     assert reloader.poll_at(200.0 + DEBOUNCE_S)
     assert _counts(server) == {"failure": 2, "success": 1}
-    assert presented_by_listener(server, pki) == _der(third)
+    assert presented_by_listener(server, pki) == leaf_der(third)
 
 
 def test_a_missing_file_fails_and_its_return_is_taken(reloader, server, pki, files, caplog):
@@ -261,12 +214,12 @@ def test_a_missing_file_fails_and_its_return_is_taken(reloader, server, pki, fil
     [message] = _errors(caplog)
     assert "listen.tls.key" in message and str(files.key) in message, message
 
-    _replace(files.key, key)
+    replace_file(files.key, key)
     assert not reloader.poll_at(10.0)
     assert reloader.poll_at(10.0 + DEBOUNCE_S)
     assert _counts(server) == {"failure": 1, "success": 1}
     assert server.tls is not old
-    assert presented_by_listener(server, pki) == _der(files.first)
+    assert presented_by_listener(server, pki) == leaf_der(files.first)
 
 
 def test_the_upstream_files_are_reloaded_too_and_all_or_nothing(reloader, server, pki, files, caplog):
@@ -276,22 +229,22 @@ def test_the_upstream_files_are_reloaded_too_and_all_or_nothing(reloader, server
     reloader.poll_at(0.0)
     assert reloader.poll_at(DEBOUNCE_S)
     assert server.cluster.dialer.tls is not old_dialer
-    assert presented_to_brokers(server, pki) == _der(second_client)
-    assert presented_by_listener(server, pki) == _der(files.first)
+    assert presented_to_brokers(server, pki) == leaf_der(second_client)
+    assert presented_by_listener(server, pki) == leaf_der(files.first)
 
     # A broken upstream CA bundle, with a new listener certificate at the same time: neither is
     # taken (the listener's files alone would load).
     listener, dialer = server.tls, server.cluster.dialer.tls
     files.server_pair("gen-2")
-    _replace(files.ca, b"not a CA bundle\n")
+    replace_file(files.ca, b"not a CA bundle\n")
     reloader.poll_at(10.0)
     with caplog.at_level(logging.ERROR, logger="proxy.cert_reload"):
         assert not reloader.poll_at(10.0 + DEBOUNCE_S)
     assert server.tls is listener and server.cluster.dialer.tls is dialer
     [message] = _errors(caplog)
     assert "upstream.tls.ca" in message and str(files.ca) in message, message
-    assert presented_by_listener(server, pki) == _der(files.first)
-    assert presented_to_brokers(server, pki) == _der(second_client)
+    assert presented_by_listener(server, pki) == leaf_der(files.first)
+    assert presented_to_brokers(server, pki) == leaf_der(second_client)
     assert _counts(server) == {"success": 1, "failure": 1}
 
 
@@ -299,7 +252,7 @@ def test_reload_now_reads_at_once_and_settles_the_pending_change(reloader, serve
     second = files.server_pair("gen-2")
     assert not reloader.poll_at(0.0)  # settling
     assert reloader.reload_now()
-    assert presented_by_listener(server, pki) == _der(second)
+    assert presented_by_listener(server, pki) == leaf_der(second)
     assert _counts(server) == {"success": 1}
     # The change SIGHUP took is not taken a second time once its debounce has passed.
     for now in (DEBOUNCE_S, 1.0, 10.0):

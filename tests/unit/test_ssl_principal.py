@@ -10,7 +10,6 @@ replacement Java would reject is refused when the rules are read rather than at 
 from __future__ import annotations
 
 import ssl
-from typing import Any
 
 import pytest
 
@@ -20,6 +19,7 @@ from proxy.ssl_principal import (
     SslPrincipalMapper,
     distinguished_name,
 )
+from tests.support.memory_tls import handshake_in_memory
 
 NO_MATCH = NoMatchingRule  # an expected outcome: no rule applies
 
@@ -340,33 +340,10 @@ def test_a_real_client_certificate_maps_by_the_documented_rules() -> None:
     client = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     ca.configure_trust(client)
     leaf.configure_cert(client)
-    peercert = _handshake_in_memory(client, server, "proxy.test")
+    _, side = handshake_in_memory(client, server, "proxy.test")
+    peercert = side.getpeercert()
+    assert peercert, "the server saw no client certificate"
 
     dn = distinguished_name(peercert["subject"])
     assert dn == "CN=Alice,OU=ServiceUsers,O=Acme"
     assert SslPrincipalMapper.from_rules(DOC_RULES).principal_name(dn) == "Alice"
-
-
-def _handshake_in_memory(client: ssl.SSLContext, server: ssl.SSLContext, hostname: str) -> dict[str, Any]:
-    """Runs a TLS handshake between two contexts over memory buffers; the server's view of the
-    client's certificate (getpeercert())."""
-    c_in, c_out, s_in, s_out = ssl.MemoryBIO(), ssl.MemoryBIO(), ssl.MemoryBIO(), ssl.MemoryBIO()
-    c = client.wrap_bio(c_in, c_out, server_hostname=hostname)
-    s = server.wrap_bio(s_in, s_out, server_side=True)
-    done = {"c": False, "s": False}
-    for _ in range(20):
-        for name, side in (("c", c), ("s", s)):
-            if not done[name]:
-                try:
-                    side.do_handshake()
-                    done[name] = True
-                except ssl.SSLWantReadError:
-                    pass
-        s_in.write(c_out.read())
-        c_in.write(s_out.read())
-        if all(done.values()):
-            break
-    assert all(done.values()), "the in-memory handshake did not finish"
-    peercert = s.getpeercert()
-    assert peercert, "the server saw no client certificate"
-    return peercert

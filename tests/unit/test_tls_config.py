@@ -12,18 +12,12 @@ from cryptography.hazmat.primitives import serialization
 from config import ConfigError, parse_config
 from proxy.cli import main
 from proxy.tls import handshake_failure_reason, server_tls
-from tests.support.certs import TestPki
 
 BASE = {"upstream": {"bootstrap_servers": ["127.0.0.1:1"]}}
 
 
 def _cfg(**tls):
     return parse_config({**BASE, "listen": {"tls": tls}})
-
-
-@pytest.fixture
-def pki(tmp_path):
-    return TestPki(tmp_path)
 
 
 @pytest.mark.parametrize("tls, path, words", [
