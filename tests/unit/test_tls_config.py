@@ -104,3 +104,22 @@ def test_handshake_failure_reasons():
     assert handshake_failure_reason(ConnectionAbortedError("SSL handshake is taking longer than 0.5 seconds")) == \
         "timeout"
     assert handshake_failure_reason(ConnectionResetError()) == "closed"
+
+
+def test_early_bytes_of_a_client_gone_before_its_handshake_are_dropped():
+    """A plaintext client that sends and closes at once: its transport has no protocol left when
+    the bytes kept for the TLS layer would be handed over."""
+    from proxy.tls import EarlyBytes
+
+    class GoneTransport:
+        def get_protocol(self):
+            return None
+
+        def is_closing(self):
+            return True
+
+    early = EarlyBytes()
+    early.data_received(b"\x00\x00\x00\x10not a ClientHello")
+    early.connection_lost(None)
+    early.hand_over(GoneTransport())  # raised AttributeError before
+    assert early.lost and not early.data
