@@ -1,7 +1,8 @@
 """Client-side measurements: produce/consume throughput, request round trips, idle connections.
 
 These run in the benchmark runner process; everything measured (broker, pump, proxies) is a
-separate process.
+separate process. ``ca_file`` (where taken): the endpoint terminates TLS and the client trusts
+that CA (confluent-kafka with ``security.protocol=SSL``, raw sockets through ``ssl``).
 """
 
 from __future__ import annotations
@@ -20,15 +21,17 @@ from kafka.protocol.metadata import ApiVersionsRequest
 from kafka.protocol.producer import ProduceRequest
 from kafka.record.memory_records import MemoryRecordsBuilder
 
-from .procs import cpu_seconds, rss_kib, system_busy_seconds
+from .procs import CpuClock, rss_kib, system_busy_seconds
+from .tls import confluent_config, connect
 
 
 def _bootstrap(address: tuple[str, int]) -> str:
     return f"{address[0]}:{address[1]}"
 
 
-def create_topic(address: tuple[str, int], topic: str, partitions: int, timeout_s: float = 30.0) -> None:
-    admin = AdminClient({"bootstrap.servers": _bootstrap(address)})
+def create_topic(address: tuple[str, int], topic: str, partitions: int, timeout_s: float = 30.0,
+                 ca_file: str | None = None) -> None:
+    admin = AdminClient({"bootstrap.servers": _bootstrap(address), **confluent_config(ca_file)})
     futures = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)],
                                   operation_timeout=timeout_s, request_timeout=timeout_s)
     futures[topic].result(timeout_s)
@@ -84,18 +87,18 @@ def _self_cpu() -> float:
 
 
 class _CpuWatch:
-    """CPU seconds used by the intermediary, the broker and this process since creation."""
+    """CPU seconds used by the intermediary, the broker (both from the scheduler's nanosecond
+    run times, see CpuClock) and this process since creation."""
 
     def __init__(self, pid: int | None, broker_pid: int | None) -> None:
-        self.pids = {"server": pid, "broker": broker_pid}
-        self.start = {k: cpu_seconds(p) for k, p in self.pids.items() if p}
+        self.clocks = {k: CpuClock(p) for k, p in (("server", pid), ("broker", broker_pid)) if p}
         self.client_start = _self_cpu()
         self.system_start = system_busy_seconds()
 
     def fill(self, t: "Throughput") -> "Throughput":
-        for k, start in self.start.items():
+        for k, clock in self.clocks.items():
             try:
-                setattr(t, f"{k}_cpu_s", cpu_seconds(self.pids[k]) - start)
+                setattr(t, f"{k}_cpu_s", clock.elapsed())
             except OSError:
                 pass
         t.client_cpu_s = _self_cpu() - self.client_start
@@ -106,7 +109,7 @@ class _CpuWatch:
 
 def produce(address: tuple[str, int], topic: str, record_size: int, max_records: int,
             max_seconds: float, watch_pid: int | None = None, broker_pid: int | None = None,
-            linger_ms: int = 5, idempotent: bool = False) -> Throughput:
+            linger_ms: int = 5, idempotent: bool = False, ca_file: str | None = None) -> Throughput:
     """Produce up to ``max_records`` values of ``record_size`` bytes (stops early after
     ``max_seconds``) and flush; throughput counts delivered records from first send to flush."""
     delivered = [0, 0]  # ok, failed
@@ -122,6 +125,7 @@ def produce(address: tuple[str, int], topic: str, record_size: int, max_records:
         "queue.buffering.max.messages": 500_000,
         "queue.buffering.max.kbytes": 512 * 1024,
         "enable.idempotence": idempotent,
+        **confluent_config(ca_file),
     })
     # Warm up: metadata + connection to the leader, outside the timed part.
     producer.produce(topic, b"w" * record_size, on_delivery=on_delivery)
@@ -157,7 +161,7 @@ def produce(address: tuple[str, int], topic: str, record_size: int, max_records:
 
 def consume(address: tuple[str, int], topic: str, partitions: int, expected: int,
             timeout_s: float = 60.0, watch_pid: int | None = None,
-            broker_pid: int | None = None) -> Throughput:
+            broker_pid: int | None = None, ca_file: str | None = None) -> Throughput:
     """Read ``expected`` records from the beginning of every partition with assign().
 
     The clock starts when the first batch of records reaches the application (so consumer
@@ -177,6 +181,7 @@ def consume(address: tuple[str, int], topic: str, partitions: int, expected: int
         "queued.min.messages": 1_000_000,
         "queued.max.messages.kbytes": 1_048_576,
         "fetch.queue.backoff.ms": 1,
+        **confluent_config(ca_file),
     })
     try:
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
@@ -259,12 +264,12 @@ class RoundTrips:
         return asdict(self)
 
 
-def round_trip_samples(address: tuple[str, int], frame: bytearray, n: int, warmup: int = 200) -> list[float]:
+def round_trip_samples(address: tuple[str, int], frame: bytearray, n: int, warmup: int = 200,
+                       ca_file: str | None = None) -> list[float]:
     """Send the same request ``n`` times, one at a time, on one connection; microseconds each."""
     samples: list[float] = []
     buf = bytearray(1 << 20)
-    with socket.create_connection(address, timeout=30) as s:
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    with connect(address, ca_file) as s:
         clock = time.perf_counter_ns
         for i in range(warmup + n):
             struct.pack_into(">i", frame, 8, i)  # correlation id: size(4) key(2) version(2)
@@ -302,18 +307,19 @@ def interleaved_request_count(n: int, block: int = RTT_BLOCK, warmup: int = RTT_
 
 
 def interleaved_round_trips(addresses: dict[str, tuple[str, int]], frame: bytearray, n: int,
-                            block: int = RTT_BLOCK, warmup: int = RTT_WARMUP) -> dict[str, list[float]]:
+                            block: int = RTT_BLOCK, warmup: int = RTT_WARMUP,
+                            ca_files: dict[str, str | None] | None = None) -> dict[str, list[float]]:
     """Round trips against several endpoints at once: ``block`` sequential requests on one,
     then the next, and so on until each has ``n`` samples. Interleaving in small blocks puts
-    every endpoint under the same background load, which matters on a shared machine."""
+    every endpoint under the same background load, which matters on a shared machine.
+    ``ca_files``: the endpoints that terminate TLS, with the CA to trust."""
+    ca_files = ca_files or {}
     samples: dict[str, list[float]] = {name: [] for name in addresses}
     buf = bytearray(1 << 20)
     socks: dict[str, socket.socket] = {}
     try:
         for name, address in addresses.items():
-            s = socket.create_connection(address, timeout=30)
-            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            socks[name] = s
+            socks[name] = connect(address, ca_files.get(name))
         clock = time.perf_counter_ns
         corr = 0
         rounds = -(-n // block)
@@ -355,15 +361,16 @@ class IdleMemory:
 
 
 def idle_connection_memory(address: tuple[str, int], pid: int, n: int = 1000, settle_s: float = 1.0,
-                           silent: bool = False) -> IdleMemory:
+                           silent: bool = False, ca_file: str | None = None) -> IdleMemory:
     """Open ``n`` connections, one ApiVersions round trip on each (so the upstream connection
     exists), keep them open, and report the RSS growth of ``pid`` per connection. ``silent``:
-    send nothing on them (a client connected and idle from the start)."""
+    send nothing on them (a client connected and idle from the start; over TLS, the handshake
+    is done and nothing sent after it)."""
     frame = api_versions_frame(3)
     buf = bytearray(1 << 16)
     # Warm-up: a few connections opened and closed, so first-use allocations are not counted.
     for i in range(5):
-        with socket.create_connection(address, timeout=10) as s:
+        with connect(address, ca_file, timeout=10, nodelay=False) as s:
             struct.pack_into(">i", frame, 8, i)
             s.sendall(frame)
             _recv_exact(s, 4, buf)
@@ -374,7 +381,7 @@ def idle_connection_memory(address: tuple[str, int], pid: int, n: int = 1000, se
     t0 = time.perf_counter()
     try:
         for i in range(n):
-            s = socket.create_connection(address, timeout=30)
+            s = connect(address, ca_file, nodelay=False)
             socks.append(s)
             if silent:
                 continue

@@ -24,6 +24,9 @@ from proxy.local_broker import api_versions_ping, tansu_binary
 from proxy.local_broker import candidate_port as free_port
 from proxy.procnet import listening_inodes, socket_inodes
 
+from .tls import BenchPki
+from .tls import api_versions_ping as tls_api_versions_ping
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -65,6 +68,46 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / ticks
 
 
+def _thread_run_ns(pid: int) -> dict[int, int] | None:
+    """Nanoseconds on CPU of each live thread of ``pid`` (the first field of
+    /proc/PID/task/TID/schedstat); None where the kernel keeps no schedstat."""
+    out: dict[int, int] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    for tid in tids:
+        try:
+            out[int(tid)] = int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
+        except FileNotFoundError:
+            continue  # the thread exited just now (elapsed() then falls back)
+        except (OSError, ValueError, IndexError):
+            return None
+    return out
+
+
+class CpuClock:
+    """CPU time (user + system) ``pid`` uses from now on, to the nanosecond: the run time the
+    scheduler keeps per thread (/proc/PID/task/TID/schedstat) summed over the threads.
+    :func:`cpu_seconds` counts clock ticks (10 ms), too coarse for the CPU per MB of a
+    one-second run. A thread that exits in between takes its run time with it, so then (and
+    without schedstat) the tick count of :func:`cpu_seconds` is what ``elapsed()`` gives;
+    threads started in between count from their start."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.coarse0 = cpu_seconds(pid)
+        self.fine0 = _thread_run_ns(pid)
+
+    def elapsed(self) -> float:
+        coarse = cpu_seconds(self.pid) - self.coarse0
+        fine1 = _thread_run_ns(self.pid)
+        if self.fine0 is None or fine1 is None or not self.fine0.keys() <= fine1.keys():
+            return coarse
+        fine = (sum(fine1.values()) - sum(self.fine0.values())) / 1e9
+        return coarse if fine <= 0 < coarse else fine
+
+
 def system_busy_seconds() -> float:
     """CPU time spent by all CPUs on anything but idle/iowait since boot (from /proc/stat)."""
     fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
@@ -91,6 +134,11 @@ class Proc:
     @property
     def pid(self) -> int:
         return self.popen.pid
+
+    @property
+    def ca_file(self) -> str | None:
+        """The CA a client must trust when this process terminates TLS (None: plaintext)."""
+        return self.extra.get("ca_file")
 
     def alive(self) -> bool:
         return self.popen.poll() is None
@@ -144,7 +192,9 @@ class Launcher:
         while time.monotonic() < deadline:
             if not proc.alive():
                 raise RuntimeError(f"{proc.name} exited with {proc.popen.returncode}:\n{proc.log_tail()}")
-            if api_versions_ping(*proc.address, timeout_s=1.0):
+            ok = (api_versions_ping(*proc.address, timeout_s=1.0) if proc.ca_file is None
+                  else tls_api_versions_ping(proc.address, proc.ca_file, timeout_s=1.0))
+            if ok:
                 return
             time.sleep(0.02)
         raise RuntimeError(f"{proc.name} not answering ApiVersions at {proc.address}:\n{proc.log_tail()}")
@@ -190,7 +240,8 @@ class Launcher:
         return self._start_tansu(name, "tansu-proxy", argv)  # multi-threaded: not an "intermediary" pin
 
     def _python_with_ready_file(self, name: str, argv: list[str], ready: Path, timeout_s: float,
-                                cwd: Path | None = None) -> Proc:
+                                cwd: Path | None = None, tls: BenchPki | None = None) -> Proc:
+        ready.unlink(missing_ok=True)  # one a reused workdir kept from an earlier run names a dead process
         popen, log_path = self._popen(name, "intermediary", argv, cwd)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -199,6 +250,8 @@ class Launcher:
                 raise RuntimeError(f"{name} exited with {popen.returncode}:\n{tail}")
             if ready.exists():
                 info = json.loads(ready.read_text())
+                if tls is not None:
+                    info["ca_file"] = tls.ca_file
                 proc = Proc(name, popen, tuple(info["bootstrap"]), log_path, extra=info)
                 self.procs.append(proc)
                 return proc
@@ -206,14 +259,18 @@ class Launcher:
         popen.kill()
         raise RuntimeError(f"{name}: no ready file after {timeout_s}s:\n{log_path.read_text(errors='replace')[-3000:]}")
 
-    def byte_pump(self, upstream: tuple[str, int], name: str = "byte-pump") -> Proc:
-        """Start the pump (it connects upstream lazily, so the broker may come later)."""
+    def byte_pump(self, upstream: tuple[str, int], name: str = "byte-pump", tls: BenchPki | None = None) -> Proc:
+        """Start the pump (it connects upstream lazily, so the broker may come later); with
+        ``tls``, it terminates TLS towards its clients (plaintext to the broker)."""
         ready = self.workdir / f"{name}-{self._n + 1}.ready.json"
         argv = [sys.executable, *self.python_wrapper(name), "-m", "bench.byte_pump", "--listen", "127.0.0.1:0",
                 "--upstream", f"{upstream[0]}:{upstream[1]}", "--ready-file", str(ready)]
-        return self._python_with_ready_file(name, argv, ready, 15.0)
+        if tls is not None:
+            argv += ["--tls-cert", tls.cert_file, "--tls-key", tls.key_file]
+        return self._python_with_ready_file(name, argv, ready, 15.0, tls=tls)
 
-    def pumped_broker(self, attempts: int = 10) -> tuple[Proc, Proc]:
+    def pumped_broker(self, attempts: int = 10, tls: BenchPki | None = None,
+                      name: str = "byte-pump") -> tuple[Proc, Proc]:
         """Tansu on port A advertised at the pump's port P; the pump forwards P -> A.
 
         The pump is started first (on port 0, so its port is certain) with upstream A chosen by
@@ -223,7 +280,7 @@ class Launcher:
         last = ""
         for _ in range(attempts):
             port_a = free_port()
-            pump = self.byte_pump(("127.0.0.1", port_a))
+            pump = self.byte_pump(("127.0.0.1", port_a), name=name, tls=tls)
             argv = [binary, "broker", "--listener-url", f"tcp://127.0.0.1:{port_a}",
                     "--advertised-listener-url", f"tcp://127.0.0.1:{pump.address[1]}",
                     "--storage-engine", "memory://tansu/"]
@@ -242,9 +299,11 @@ class Launcher:
         raise RuntimeError(f"could not start a pumped broker: {last}")
 
     def our_proxy(self, upstream: tuple[str, int], name: str = "kafka-quota-proxy",
-                  log_level: str = "warning", extra_yaml: str = "", checkout: Path | None = None) -> Proc:
+                  log_level: str = "warning", extra_yaml: str = "", checkout: Path | None = None,
+                  tls: BenchPki | None = None) -> Proc:
         """This project's proxy; with ``checkout``, the one in that directory (another commit's
-        work tree: ``python -m proxy`` finds its packages there first)."""
+        work tree: ``python -m proxy`` finds its packages there first); with ``tls``, its client
+        listeners terminate TLS (``listen.tls``, client_auth none; plaintext to the broker)."""
         n = self._n + 1
         cfg = self.workdir / f"{name}-{n}.yaml"
         ready = self.workdir / f"{name}-{n}.ready.json"
@@ -256,7 +315,10 @@ class Launcher:
             "  advertised_host: 127.0.0.1\n"
             "  bootstrap_port: 0\n"
             "  broker_port_base: 0\n"
-            "metrics:\n"
+            + (("  tls:\n"
+                f"    certificate: {json.dumps(tls.cert_file)}\n"
+                f"    key: {json.dumps(tls.key_file)}\n") if tls is not None else "")
+            + "metrics:\n"
             "  host: 127.0.0.1\n"
             "  port: 0\n"
             + extra_yaml
@@ -264,7 +326,7 @@ class Launcher:
         argv = [sys.executable, *self.python_wrapper(name), "-m", "proxy", "run", "--config", str(cfg),
                 "--ready-file", str(ready),
                 "--log-level", log_level]
-        proc = self._python_with_ready_file(name, argv, ready, 30.0, checkout)
+        proc = self._python_with_ready_file(name, argv, ready, 30.0, checkout, tls=tls)
         self._wait_ready(proc, 10.0)
         return proc
 

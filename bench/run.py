@@ -1,7 +1,7 @@
-"""Compare four ways of reaching one Tansu broker and print a table.
+"""Compare several ways of reaching one Tansu broker and print a table.
 
-    python -m bench.run            # full run (about 6 minutes)
-    python -m bench.run --quick    # about a minute
+    python -m bench.run            # full run (about 7 minutes, 9 on a busy machine)
+    python -m bench.run --quick    # about two minutes
 
 Configurations (each gets a fresh Tansu broker for throughput, so runs do not influence each
 other; for round trips, each intermediary runs again in front of one shared broker):
@@ -14,6 +14,9 @@ other; for round trips, each intermediary runs again in front of one shared brok
                      (byte, request, mutation, record and batch rates, and producer ids)
   proxy-usage-log    this project, no quotas, with the usage log on (one Parquet file a second
                      into the run's workdir; Fetch responses' records counted)
+  byte-pump-tls      the byte pump terminating TLS towards the clients (uvloop's TLS layer),
+                     plaintext to Tansu; clients use TLS (certificates made at the start, trustme)
+  kafka-quota-proxy-tls  this project with ``listen.tls`` (the same certificate), plaintext to Tansu
   proxy-baseline     this project as another work tree has it (--baseline DIR, e.g. a
                      `git worktree` of the commit before a change): before and after in one run
 
@@ -28,6 +31,7 @@ import json
 import os
 import platform
 import shutil
+import ssl
 import statistics
 import subprocess
 import sys
@@ -38,9 +42,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import clients
-from .procs import Launcher, Proc, cpu_seconds, raise_nofile, rss_kib, system_busy_seconds, tansu_binary
+from .procs import CpuClock, Launcher, Proc, raise_nofile, rss_kib, system_busy_seconds, tansu_binary
+from .tls import BenchPki, make_pki
 
-CONFIGS = ("direct", "byte-pump", "kafka-quota-proxy", "tansu-proxy", "proxy-with-quotas", "proxy-usage-log")
+CONFIGS = ("direct", "byte-pump", "kafka-quota-proxy", "tansu-proxy", "proxy-with-quotas", "proxy-usage-log",
+           "byte-pump-tls", "kafka-quota-proxy-tls")
+# TLS between the client and the intermediary (plaintext to the broker); compared with each
+# other as the plaintext pump and proxy are.
+TLS_CONFIGS = ("byte-pump-tls", "kafka-quota-proxy-tls")
 BASELINE = "proxy-baseline"  # only with --baseline
 _baseline_checkout: Path | None = None
 # Every client of the benchmark falls under these quotas, set far above what it can reach, so
@@ -95,25 +104,35 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def start_config(launcher: Launcher, name: str) -> tuple[tuple[str, int], Proc, Proc | None]:
-    """Start one configuration; returns (bootstrap address, broker, intermediary or None)."""
+def start_config(launcher: Launcher, name: str,
+                 pki: BenchPki | None = None) -> tuple[tuple[str, int], Proc, Proc | None]:
+    """Start one configuration; returns (bootstrap address, broker, intermediary or None).
+    ``pki``: the certificates of the TLS configurations."""
     if name == "direct":
         broker = launcher.tansu_broker()
         return broker.address, broker, None
-    if name == "byte-pump":
-        broker, pump = launcher.pumped_broker()
+    if name in ("byte-pump", "byte-pump-tls"):
+        broker, pump = launcher.pumped_broker(name=name, tls=_tls(name, pki))
         return pump.address, broker, pump
     broker = launcher.tansu_broker()
-    proxy = start_intermediary(launcher, name, broker.address)
+    proxy = start_intermediary(launcher, name, broker.address, pki)
     return proxy.address, broker, proxy
 
 
-def start_intermediary(launcher: Launcher, name: str, broker: tuple[str, int]) -> Proc:
+def _tls(name: str, pki: BenchPki | None) -> BenchPki | None:
+    if name not in TLS_CONFIGS:
+        return None
+    if pki is None:
+        raise ValueError(f"{name} needs certificates")
+    return pki
+
+
+def start_intermediary(launcher: Launcher, name: str, broker: tuple[str, int], pki: BenchPki | None = None) -> Proc:
     """The intermediary of configuration ``name`` (not direct) in front of ``broker``."""
-    if name == "byte-pump":
-        return launcher.byte_pump(broker, name="rtt-byte-pump")
-    if name == "kafka-quota-proxy":
-        return launcher.our_proxy(broker)
+    if name in ("byte-pump", "byte-pump-tls"):
+        return launcher.byte_pump(broker, name=f"rtt-{name}", tls=_tls(name, pki))
+    if name in ("kafka-quota-proxy", "kafka-quota-proxy-tls"):
+        return launcher.our_proxy(broker, name=name, tls=_tls(name, pki))
     if name == "proxy-with-quotas":
         return launcher.our_proxy(broker, name=name, extra_yaml=QUOTAS_NOT_EXCEEDED)
     if name == "proxy-usage-log":
@@ -125,7 +144,7 @@ def start_intermediary(launcher: Launcher, name: str, broker: tuple[str, int]) -
     raise ValueError(name)
 
 
-def start_round_trip_paths(setups: list["Setup"], launcher: Launcher) -> Proc | None:
+def start_round_trip_paths(setups: list["Setup"], launcher: Launcher, pki: BenchPki | None = None) -> Proc | None:
     """One more broker, with every configuration's intermediary in front of it, for the round
     trips: Produce round trips through two fresh Tansu brokers differ by up to a third of what
     an intermediary adds (measured with the same proxy in front of each), so the ratios are
@@ -143,7 +162,7 @@ def start_round_trip_paths(setups: list["Setup"], launcher: Launcher) -> Proc | 
             if s.name == "direct":
                 s.rtt_address = broker.address
             else:
-                s.rtt_mid = start_intermediary(launcher, s.name, broker.address)
+                s.rtt_mid = start_intermediary(launcher, s.name, broker.address, pki)
                 s.rtt_address = s.rtt_mid.address
         except Exception as exc:
             s.rtt_fail(f"{type(exc).__name__}: {exc}")
@@ -236,6 +255,15 @@ class Setup:
     rtt_mid: Proc | None = None
     failed: bool = False
 
+    @property
+    def ca_file(self) -> str | None:
+        """The CA clients trust when the intermediary terminates TLS (None: plaintext)."""
+        return self.mid.ca_file if self.mid is not None else None
+
+    @property
+    def rtt_ca_file(self) -> str | None:
+        return self.rtt_mid.ca_file if self.rtt_mid is not None else None
+
     def fail(self, exc: BaseException) -> None:
         self.failed = True
         self.result["error"] = f"{type(exc).__name__}: {exc}"
@@ -257,12 +285,12 @@ class Setup:
 def one_round(s: Setup, plan: Plan, rnd: int, acc: dict, profile_dir: Path | None, quiet: Quiet) -> None:
     """Produce + consume for both record sizes, on one configuration. A pair that ran while
     other processes were busy is kept (marked noisy) and repeated up to twice."""
-    address, mid_pid, broker_pid = s.address, (s.mid.pid if s.mid else None), s.broker.pid
+    address, mid_pid, broker_pid, ca = s.address, (s.mid.pid if s.mid else None), s.broker.pid, s.ca_file
     parts = []
     for label, size, count in (("100B", 100, plan.records_100), ("1KiB", 1024, plan.records_1k)):
         for attempt in range(3):
             topic = f"bench-{label}-{rnd}-{attempt}"
-            clients.create_topic(address, topic, plan.partitions)
+            clients.create_topic(address, topic, plan.partitions, ca_file=ca)
             spy = None
             if profile_dir is not None and s.mid is not None and rnd == 0 and attempt == 0 and s.name != "tansu-proxy":
                 spy = _profile_start(s.mid.pid, profile_dir / f"{s.name}-produce-{label}.speedscope.json")
@@ -270,12 +298,12 @@ def one_round(s: Setup, plan: Plan, rnd: int, acc: dict, profile_dir: Path | Non
             quiet.wait()
             t0 = time.monotonic()
             try:
-                p = clients.produce(address, topic, size, count, plan.max_produce_s,
-                                    watch_pid=mid_pid, broker_pid=broker_pid, idempotent=plan.idempotent)
+                p = clients.produce(address, topic, size, count, plan.max_produce_s, watch_pid=mid_pid,
+                                    broker_pid=broker_pid, idempotent=plan.idempotent, ca_file=ca)
             finally:
                 _profile_stop(spy)
             c = clients.consume(address, topic, plan.partitions, p.records + 1,
-                                watch_pid=mid_pid, broker_pid=broker_pid)
+                                watch_pid=mid_pid, broker_pid=broker_pid, ca_file=ca)
             pd, cd = p.as_dict(), c.as_dict()
             noisy = quiet.noisy(pd, cd)
             pd["noisy"] = cd["noisy"] = noisy
@@ -302,18 +330,20 @@ def rtt_phase(setups: list["Setup"], plan: Plan, rnd: int, accs: dict[str, dict]
     live = [s for s in setups if s.rtt_address is not None]
     for key, make_frame in RTT_KINDS:
         quiet.wait()
-        cpu0 = {s.name: cpu_seconds(s.rtt_mid.pid) for s in live if s.rtt_mid is not None}
+        cpu0 = {s.name: CpuClock(s.rtt_mid.pid) for s in live if s.rtt_mid is not None}
         busy0 = system_busy_seconds()
         t0 = time.monotonic()
         interleaved = True
         try:
-            got = clients.interleaved_round_trips({s.name: s.rtt_address for s in live}, make_frame(), plan.rtt_n)
+            got = clients.interleaved_round_trips({s.name: s.rtt_address for s in live}, make_frame(), plan.rtt_n,
+                                                  ca_files={s.name: s.rtt_ca_file for s in live})
         except Exception:
             interleaved = False
             got = {}
             for s in live:
                 try:
-                    got[s.name] = clients.round_trip_samples(s.rtt_address, make_frame(), plan.rtt_n)
+                    got[s.name] = clients.round_trip_samples(s.rtt_address, make_frame(), plan.rtt_n,
+                                                             ca_file=s.rtt_ca_file)
                 except Exception as exc:
                     err = exc if broker.alive() else RuntimeError(
                         f"the shared round-trip broker exited:\n{broker.log_tail()}")
@@ -325,7 +355,7 @@ def rtt_phase(setups: list["Setup"], plan: Plan, rnd: int, accs: dict[str, dict]
                 accs[s.name].setdefault(key, []).extend(got[s.name])
                 accs[s.name].setdefault(f"{key}_machine_busy_pct", []).append(100.0 * busy / elapsed)
                 if s.name in cpu0:
-                    used = cpu_seconds(s.rtt_mid.pid) - cpu0[s.name]
+                    used = cpu0[s.name].elapsed()
                     sent = clients.interleaved_request_count(plan.rtt_n) if interleaved else plan.rtt_n + 200
                     accs[s.name].setdefault(f"{key}_mid_cpu_us", []).append(1e6 * used / sent)
     def p50(name: str, key: str) -> str:
@@ -350,11 +380,15 @@ def run_all(configs: list[str], plan: Plan, workdir: Path, profile_dir: Path | N
     # thread each) run on those CPUs; the client, the brokers and Tansu's proxy float.
     rtt_launcher = Launcher(workdir / "round-trips", pin={"intermediary": pin_round_trips} if pin_round_trips else None)
     accs: dict[str, dict] = {name: {} for name in configs}
+    # One CA and server certificate (127.0.0.1, localhost) for every TLS configuration.
+    pki = make_pki(workdir / "tls") if set(configs) & set(TLS_CONFIGS) else None
+    if pki is not None:
+        log(f"TLS certificates (trustme) in {workdir / 'tls'}")
     try:
         for s in setups:
             try:
                 t0 = time.monotonic()
-                s.address, s.broker, s.mid = start_config(s.launcher, s.name)
+                s.address, s.broker, s.mid = start_config(s.launcher, s.name, pki)
                 s.result["bootstrap"] = list(s.address)
                 log(f"{s.name}: up at {s.address[0]}:{s.address[1]} in {time.monotonic() - t0:.2f}s")
             except Exception as exc:
@@ -364,17 +398,19 @@ def run_all(configs: list[str], plan: Plan, workdir: Path, profile_dir: Path | N
                 continue
             try:
                 if s.mid is not None and plan.idle_connections:
-                    mem = clients.idle_connection_memory(s.address, s.mid.pid, plan.idle_connections)
+                    mem = clients.idle_connection_memory(s.address, s.mid.pid, plan.idle_connections,
+                                                         ca_file=s.ca_file)
                     s.result["idle_memory"] = mem.as_dict()
                     log(f"{s.name}: {mem.per_connection_bytes / 1024:.1f} KiB per idle connection "
                         f"(RSS {mem.rss_before_kib / 1024:.1f} -> {mem.rss_after_kib / 1024:.1f} MiB)")
-                    mem = clients.idle_connection_memory(s.address, s.mid.pid, plan.idle_connections, silent=True)
+                    mem = clients.idle_connection_memory(s.address, s.mid.pid, plan.idle_connections, silent=True,
+                                                         ca_file=s.ca_file)
                     s.result["silent_memory"] = mem.as_dict()
                     log(f"{s.name}: {mem.per_connection_bytes / 1024:.1f} KiB per connection that sent nothing")
                 s.check_alive()
             except Exception as exc:
                 s.fail(exc)
-        rtt_broker = start_round_trip_paths(setups, rtt_launcher)
+        rtt_broker = start_round_trip_paths(setups, rtt_launcher, pki)
         for rnd in range(plan.repeats):
             if rtt_broker is not None:
                 rtt_phase(setups, plan, rnd, accs, quiet, rtt_broker)
@@ -456,9 +492,11 @@ def _get(result: dict, path: tuple[str, str]):
     return None
 
 
-def _fmt(v) -> str:
+def _fmt(v, unit: str = "") -> str:
     if v is None:
         return "-"
+    if unit == "cpu" and abs(v) < 10:
+        return f"{v:.2f}"  # CPU ms/MB is around 1 (ns resolution, see procs.CpuClock)
     if abs(v) >= 10000:
         return f"{v:,.0f}"
     if abs(v) >= 100:
@@ -500,6 +538,44 @@ def derived(results: dict[str, dict]) -> dict:
             ratio = added_proxy / added_pump if added_pump > 0 else None
             out[f"{key} added p50 us (pump, proxy)"] = {"value": [added_pump, added_proxy], "target": None}
         out[f"{key} added p50 proxy/pump"] = {"value": ratio, "target": "<= 1.25"}
+    if any(c in results for c in TLS_CONFIGS):
+        out.update(derived_tls(results))
+    return out
+
+
+THROUGHPUT_KEYS = ("produce_100B", "produce_1KiB", "consume_100B", "consume_1KiB")
+
+
+def derived_tls(results: dict[str, dict]) -> dict:
+    """The TLS proxy against the TLS pump, as derived() compares the plaintext ones: throughput
+    (target >= 0.95) and added p50 round trip over direct plaintext (target <= 1.25); then what
+    terminating TLS costs each of them in CPU per MB of record values (TLS configuration minus
+    its plaintext one: decryption for produce, encryption for consume)."""
+    out: dict = {}
+    direct, pump, proxy = (results.get(c, {}) for c in ("direct", "byte-pump", "kafka-quota-proxy"))
+    pump_tls, proxy_tls = (results.get(c, {}) for c in TLS_CONFIGS)
+    for key in THROUGHPUT_KEYS:
+        px, pp = _get(proxy_tls, (key, "records_per_s")), _get(pump_tls, (key, "records_per_s"))
+        out[f"{key} proxy-tls/pump-tls"] = {"value": px / pp if px and pp else None, "target": ">= 0.95"}
+    for key in ("rtt_api_versions", "rtt_produce"):
+        d, p, x = (_get(r, (key, "p50_us")) for r in (direct, pump_tls, proxy_tls))
+        ratio = None
+        if None not in (d, p, x):
+            added_pump, added_proxy = p - d, x - d
+            ratio = added_proxy / added_pump if added_pump > 0 else None
+            out[f"{key} added p50 us (pump-tls, proxy-tls)"] = {"value": [added_pump, added_proxy], "target": None}
+        out[f"{key} added p50 proxy-tls/pump-tls"] = {"value": ratio, "target": "<= 1.25"}
+    for key, field in (("rtt_api_versions", "mid_cpu_us_per_request"), ("rtt_produce", "mid_cpu_us_per_request"),
+                       ("produce_1KiB", "server_cpu_ms_per_mb"), ("consume_1KiB", "server_cpu_ms_per_mb")):
+        px, pp = _get(proxy_tls, (key, field)), _get(pump_tls, (key, field))
+        out[f"{key} mid CPU proxy-tls/pump-tls"] = {"value": px / pp if px and pp else None, "target": None}
+    for key in THROUGHPUT_KEYS:
+        cost = []
+        for tls_result, plain_result in ((pump_tls, pump), (proxy_tls, proxy)):
+            t, pl = _get(tls_result, (key, "server_cpu_ms_per_mb")), _get(plain_result, (key, "server_cpu_ms_per_mb"))
+            cost.append(t - pl if t is not None and pl is not None else None)
+        if any(c is not None for c in cost):
+            out[f"{key} TLS mid CPU ms/MB (pump, proxy)"] = {"value": cost, "target": None, "format": ".2f"}
     return out
 
 
@@ -521,7 +597,7 @@ def table(results: dict[str, dict], configs: list[str]) -> str:
                 cells.append("FAILED".rjust(col))
                 continue
             d = _get(direct, path)
-            text = _fmt(v)
+            text = _fmt(v, _unit)
             any_value = any_value or v is not None
             if v is not None and d and c != "direct" and _unit not in ("%", "cpu"):
                 text += f" ({v / d:.2f}x)"
@@ -532,12 +608,16 @@ def table(results: dict[str, dict], configs: list[str]) -> str:
     lines.append("(x) = ratio to direct. 'mid' = the process between client and broker; CPU% is of one core;")
     lines.append("'mid CPU' per request/record/MB = its CPU time divided by the work (robust to noise);")
     lines.append("'other' = everything else on the machine during that run (background noise).")
+    if any(c in configs for c in TLS_CONFIGS):
+        lines.append("*-tls: TLS from the client to the intermediary, plaintext to the broker. 'TLS mid CPU ms/MB' =")
+        lines.append("the intermediary's CPU ms per MB of record values over TLS minus the same without TLS.")
     lines.append("")
-    lines.append("derived".ljust(44) + "value".rjust(16) + "   target")
+    key_width = 50
+    lines.append("derived".ljust(key_width) + "value".rjust(16) + "   target")
     for key, item in derived(results).items():
         v = item["value"]
         if isinstance(v, list):
-            text = " / ".join(f"{x:.0f}" for x in v)
+            text = " / ".join("-" if x is None else format(x, item.get("format", ".0f")) for x in v)
         else:
             text = "-" if v is None else f"{v:.3f}"
         target = item["target"] or ""
@@ -547,7 +627,7 @@ def table(results: dict[str, dict], configs: list[str]) -> str:
         if v is not None and not isinstance(v, list) and target:
             ok = v >= float(target.split()[-1]) if target.startswith(">=") else v <= float(target.split()[-1])
             verdict = "  ok" if ok else "  MISSED"
-        lines.append(key.ljust(44) + text.rjust(16) + f"   {target}{verdict}")
+        lines.append(key.ljust(key_width) + text.rjust(16) + f"   {target}{verdict}")
     for c in configs:
         if "error" in results.get(c, {}):
             lines.append(f"\n{c} FAILED: {results[c]['error']}")
@@ -577,12 +657,13 @@ def environment() -> dict:
         "librdkafka": confluent_kafka.libversion()[0],
         "confluent_kafka": confluent_kafka.version()[0],
         "uvloop": uv,
+        "openssl": ssl.OPENSSL_VERSION,
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="about one minute instead of several")
+    p.add_argument("--quick", action="store_true", help="about two minutes instead of seven")
     p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated subset of {','.join(CONFIGS)}")
     p.add_argument("--baseline", type=Path, metavar="DIR",
                    help=f"also run the proxy of another work tree as '{BASELINE}' (e.g. the commit before a change)")

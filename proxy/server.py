@@ -37,7 +37,7 @@ from .quota_metrics import ProducerIdCollector, QuotaCollector
 from .readiness import Readiness
 from .refresh import refresh_once
 from .stats import ProxyStats, StatsCollector
-from .tls import server_tls
+from .tls import server_tls, tune_malloc_for_tls
 from .topics import TopicCache
 from .usage_log import UsageLog, UsageLogCollector
 
@@ -127,6 +127,8 @@ class ProxyServer:
         self.connections: set[ClientConnection] = set()
         # TLS termination on the client listeners (None: plaintext); ConfigError for a bad file.
         self.tls = server_tls(config.listen.tls) if config.listen.tls is not None else None
+        if config.listen.tls is not None or config.upstream.tls is not None:
+            tune_malloc_for_tls()
         self.guard = ConnectionGuard(config.connections, config.quota_windows)
         up = config.upstream
         self._readiness = Readiness(self.stats, self.cluster, 2 * up.metadata_refresh_interval_s + up.connect_timeout_s)
