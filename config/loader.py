@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import math
+import re
 from collections.abc import Callable
 from pathlib import Path
 from types import MappingProxyType
@@ -11,12 +12,13 @@ from typing import Any, TypeVar
 
 import yaml
 
-from quotas.common import ALL_KINDS, PRODUCER_IDS_RATE, RECORD_KINDS, USER_LEVEL_ONLY_KINDS
+from quotas.common import ALL_KINDS, PRODUCER_IDS_RATE, USER_LEVEL_ONLY_KINDS
 from quotas.entities import QuotaRule
 from quotas.limiters import load_limiter_class
 
 from .model import (
     DEFAULT_RATE_LIMITERS,
+    QUOTA_ADMIN_DESCRIBE,
     SASL_MECHANISMS,
     Config,
     ConnectionsConfig,
@@ -26,6 +28,7 @@ from .model import (
     ListenTlsConfig,
     MetricsConfig,
     ProducerIdQuota,
+    QuotaAdminConfig,
     QuotaEntities,
     QuotaWindows,
     RateLimiterSpec,
@@ -34,6 +37,7 @@ from .model import (
     UpstreamSaslConfig,
     UpstreamTlsConfig,
     UsageLogConfig,
+    unenforced_kinds,
 )
 
 _T = TypeVar("_T")  # what a reader (_int, _number) returns
@@ -41,7 +45,7 @@ _T = TypeVar("_T")  # what a reader (_int, _number) returns
 _SECTIONS = {
     "upstream", "listen", "metrics", "quota_windows", "quota_entities", "quotas",
     "controller_mutation", "producer_id_quota", "rate_limiters", "leader_discovery",
-    "usage_log", "connections", "reload",
+    "usage_log", "connections", "reload", "quota_admin",
 }
 
 
@@ -87,6 +91,40 @@ def parse_config(data: Any) -> Config:
         rate_limiters=limiters,
         leader_discovery=_leader_discovery(root.get("leader_discovery", {}), "leader_discovery"),
         usage_log=_usage_log(root.get("usage_log", {}), "usage_log"),
+        quota_admin=_quota_admin(root.get("quota_admin", {}), "quota_admin"),
+    )
+
+
+# Kafka's Topic.validate: legal characters and the longest name.
+_TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
+_USER_PREFIX = "User:"  # Kafka's KafkaPrincipal.USER_TYPE, as ACLs and kafka-acls.sh write it
+
+
+def _quota_admin(data: Any, path: str) -> QuotaAdminConfig:
+    d = QuotaAdminConfig()
+    m = _mapping(data, path, set(vars(d)))
+    raw = m.get("principals", [])
+    if not isinstance(raw, list):
+        raise ConfigError(f"{path}.principals", f"must be a list of principal names, got {raw!r}")
+    principals: list[str] = []
+    for i, name in enumerate(raw):
+        plain = name.removeprefix(_USER_PREFIX) if isinstance(name, str) else name
+        if not isinstance(plain, str) or not plain:
+            raise ConfigError(f"{path}.principals[{i}]",
+                              f"must be a principal name (alice or User:alice), got {name!r}")
+        principals.append(plain)
+    describe = m.get("describe", d.describe)
+    if describe not in QUOTA_ADMIN_DESCRIBE:
+        raise ConfigError(f"{path}.describe", f"must be {' or '.join(QUOTA_ADMIN_DESCRIBE)}, got {describe!r}")
+    topic = m.get("topic", d.topic)
+    if not isinstance(topic, str) or not _TOPIC_NAME.fullmatch(topic) or topic in (".", ".."):
+        raise ConfigError(f"{path}.topic", "must be a Kafka topic name (1 to 249 of a-z A-Z 0-9 . _ -, "
+                                           f"not . or ..), got {topic!r}")
+    return QuotaAdminConfig(
+        enabled=_bool(m, "enabled", path, d.enabled),
+        principals=tuple(dict.fromkeys(principals)),
+        describe=describe,
+        topic=topic,
     )
 
 
@@ -190,15 +228,14 @@ def _rate_limiters(data: Any, path: str) -> tuple[RateLimiterSpec, ...]:
 
 def _check_limited(rules: tuple[QuotaRule, ...], limiters: tuple[RateLimiterSpec, ...]) -> None:
     """A record or batch quota needs a limiter that enforces it, or it would silently do nothing."""
-    enforced = frozenset().union(*(s.cls.kinds for s in limiters))
+    unenforced = unenforced_kinds(limiters)
     for i, rule in enumerate(rules):
-        for kind in sorted(RECORD_KINDS & rule.values.keys()):
-            if kind not in enforced:
-                raise ConfigError(
-                    f"quotas[{i}].{kind}",
-                    "no configured rate limiter enforces it; add quotas.limiters:RecordRateLimiter "
-                    "(records) or quotas.limiters:BatchRateLimiter (batches) to rate_limiters",
-                )
+        for kind in sorted(unenforced & rule.values.keys()):
+            raise ConfigError(
+                f"quotas[{i}].{kind}",
+                "no configured rate limiter enforces it; add quotas.limiters:RecordRateLimiter "
+                "(records) or quotas.limiters:BatchRateLimiter (batches) to rate_limiters",
+            )
 
 
 def _controller_mutation(data: Any, path: str) -> ControllerMutation:

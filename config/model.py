@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from quotas.common import RECORD_KINDS
 from quotas.entities import QuotaRule
 from quotas.limiters import BUILT_IN, BatchRateLimiter, RateLimiter, RecordRateLimiter
 from quotas.producer_ids import ProducerIdSettings
@@ -207,6 +208,13 @@ DEFAULT_RATE_LIMITERS = (
 )
 
 
+def unenforced_kinds(limiters: tuple[RateLimiterSpec, ...]) -> frozenset[str]:
+    """The record and batch quota kinds that none of ``limiters`` enforces: a quota of one of
+    them would silently do nothing."""
+    enforced: frozenset[str] = frozenset().union(*(s.cls.kinds for s in limiters))
+    return RECORD_KINDS - enforced
+
+
 @dataclass(frozen=True)
 class UsageLogConfig:
     """Where and how often the proxy writes its usage log (off while ``directory`` is None)."""
@@ -224,6 +232,30 @@ class UsageLogConfig:
         return self.directory is not None
 
 
+QUOTA_ADMIN_DESCRIBE = ("anyone", "admins")
+
+
+@dataclass(frozen=True)
+class QuotaAdminConfig:
+    """DescribeClientQuotas and AlterClientQuotas answered by the proxy (off: forwarded)."""
+
+    enabled: bool = False
+    # Who may alter quotas (and describe them with describe: admins): principal names as the
+    # proxy sees them (SASL user, mapped certificate name, ANONYMOUS), a leading "User:" removed.
+    principals: tuple[str, ...] = ()
+    # Kafka asks DESCRIBE_CONFIGS on the cluster to describe, ALTER_CONFIGS to alter: both are
+    # admins' by default; "anyone" lets every client describe.
+    describe: str = "admins"
+    # Where the quotas set through the API will be kept (a compacted topic; not used yet).
+    topic: str = "__kqp_client_quotas"
+
+    def may_alter(self, principal: str) -> bool:
+        return principal in self.principals
+
+    def may_describe(self, principal: str) -> bool:
+        return self.describe == "anyone" or principal in self.principals
+
+
 @dataclass(frozen=True)
 class Config:
     upstream: UpstreamConfig
@@ -239,3 +271,4 @@ class Config:
     rate_limiters: tuple[RateLimiterSpec, ...] = DEFAULT_RATE_LIMITERS
     leader_discovery: LeaderDiscovery = field(default_factory=LeaderDiscovery)
     usage_log: UsageLogConfig = field(default_factory=UsageLogConfig)
+    quota_admin: QuotaAdminConfig = field(default_factory=QuotaAdminConfig)

@@ -66,6 +66,18 @@ def cap_api_versions(resp: ApiMessage, caps: Mapping[int, int | None]) -> None:
     resp.api_keys = kept
 
 
+def offer_api_versions(resp: ApiMessage, offered: Mapping[int, tuple[int, int]]) -> None:
+    """Lists each API of ``offered`` with its (min, max) range, replacing the broker's range or
+    adding the API the broker lacks: for APIs the proxy answers itself. Kept sorted by API key,
+    as Kafka lists them (ApiVersionsResponse.collectApis)."""
+    if not offered:
+        return
+    entry_cls = type(resp).ApiVersion
+    kept = [e for e in resp.api_keys if e.api_key not in offered]
+    kept.extend(entry_cls(api_key=key, min_version=lo, max_version=hi) for key, (lo, hi) in offered.items())
+    resp.api_keys = sorted(kept, key=lambda e: e.api_key)
+
+
 def unsupported_api_versions_response(max_version: int) -> ApiMessage:
     """What a broker answers to an ApiVersions request newer than it knows.
 

@@ -12,8 +12,10 @@ from prometheus_client import CollectorRegistry
 
 from config import ConfigError
 from config.engines import producer_id_manager_for, quota_manager_for
-from config.model import Config
+from config.model import Config, unenforced_kinds
 from quotas import QuotaManager
+from quotas.client_quota_admin import rules_from_quotas
+from quotas.entities import QuotaRule
 from quotas.limiters import LimiterContext, RateLimiter
 from quotas.manager import quota_changes
 from quotas.producer_ids import ProducerIdObserver
@@ -22,6 +24,7 @@ from .cluster import Cluster
 from .connection import ClientConnection
 from .filters import FilterChain
 from .filters.api_versions import ApiVersionsFilter
+from .filters.client_quotas import ClientQuotasFilter
 from .filters.controller_mutation import ControllerMutationFilter
 from .filters.endpoints import EndpointRewriteFilter
 from .filters.leaders import LeaderHintFilter, UpliftFilter
@@ -34,6 +37,7 @@ from .guard import ConnectionGuard, GuardCollector
 from .http import MetricsEndpoint
 from .leaders import ExpeditedRefresher, LeaderCache, LeaderCollector
 from .quota_metrics import ProducerIdCollector, QuotaCollector
+from .quota_store import OverlayStore, QuotaStore
 from .readiness import Readiness
 from .refresh import refresh_once
 from .stats import ProxyStats, StatsCollector
@@ -52,8 +56,11 @@ def default_chain(
     limiters: RateLimiterFilter,
     leader_hints: LeaderHintFilter,
     usage: UsageFilter | None = None,
+    client_quotas: ClientQuotasFilter | None = None,
 ) -> FilterChain:
-    api_versions = ApiVersionsFilter(uplift=config.leader_discovery.uplift)
+    # The client-quota APIs the proxy answers itself are offered whatever the broker supports.
+    offered = client_quotas.offered if client_quotas is not None else {}
+    api_versions = ApiVersionsFilter(uplift=config.leader_discovery.uplift, offered=offered)
     sasl = SaslFilter()
     w = config.quota_windows
     rates = RateQuotaFilter(quota_manager, max(w.quota_window_num - 1, 1) * w.quota_window_size_seconds)
@@ -62,11 +69,14 @@ def default_chain(
         config.upstream.connect_timeout_s, count_all=usage is not None,
     )
     counting = [usage] if usage is not None else []
+    admin = [client_quotas] if client_quotas is not None else []
     return FilterChain(
-        # A Produce rejected for its producer ids is not shown to the record limiters (the
-        # usage log sees its ids first). Uplift last: every filter reads the request at the
+        # Client-quota requests are charged their request_rate, then answered once the principal
+        # is known. A Produce rejected for its producer ids is not shown to the record limiters
+        # (the usage log sees its ids first). Uplift last: every filter reads the request at the
         # version the client used.
-        request_filters=[rates, api_versions, sasl, mutations, *counting, producer_ids, limiters, UpliftFilter()],
+        request_filters=[rates, api_versions, sasl, *admin, mutations, *counting, producer_ids, limiters,
+                         UpliftFilter()],
         # Record limiters see a Fetch response after the byte quota may have emptied it; leader
         # hints are filled in with broker addresses before the endpoint filter rewrites them.
         response_filters=[rates, limiters, *counting, api_versions, leader_hints, EndpointRewriteFilter(), sasl,
@@ -108,6 +118,11 @@ class ProxyServer:
         self.registry.register(QuotaCollector(self.quotas, now_ms))
         self.producer_ids = producer_id_manager_for(config)
         self.limiters = rate_limiters_for(config, self.quotas)
+        # Quotas set through AlterClientQuotas, over the file's (config.quotas): the rules in
+        # force are rules_in_force (see quota_rules_over).
+        self.quota_store: QuotaStore = OverlayStore()
+        self.rules_in_force = config.quotas
+        self.client_quotas = ClientQuotasFilter(config.quota_admin, self.quota_store, self)
         self.producer_id_filter = ProducerIdQuotaFilter(self.producer_ids, config.producer_id_quota.reaction)
         self.limiter_filter = RateLimiterFilter(self.limiters)
         self.registry.register(ProducerIdCollector(self.producer_ids, self.producer_id_filter, self.limiter_filter,
@@ -123,7 +138,7 @@ class ProxyServer:
         self.registry.register(LeaderCollector(self.leaders, self.stats))
         self.chain = default_chain(config, self.quotas, self.topics, self.producer_id_filter, self.limiter_filter,
                                    LeaderHintFilter(self.leaders, self.refresher, ld.fill_hints,
-                                                    ld.hint_wait_ms / 1000), usage_filter)
+                                                    ld.hint_wait_ms / 1000), usage_filter, self.client_quotas)
         self.connections: set[ClientConnection] = set()
         # TLS termination on the client listeners (None: plaintext); ConfigError for a bad file.
         self.tls = server_tls(config.listen.tls) if config.listen.tls is not None else None
@@ -227,36 +242,65 @@ class ProxyServer:
             await asyncio.sleep(interval_s if manager.tracked_users else max(interval_s, 1.0))
             manager.cleanup(now_ms())
 
-    def reload(self, config: Config) -> None:
-        """Applies the quotas, rate limiters and producer-id reaction of a new, already validated
-        configuration; connections stay. Raises ConfigError (nothing changed) when a rate
-        limiter refuses its new configuration. Logs each quota it removes at WARNING (an entity
-        losing them all, or one value) and each one it adds or changes at INFO."""
-        before = self.config
-        live = replace(before, quotas=config.quotas, rate_limiters=config.rate_limiters,
-                       producer_id_quota=replace(before.producer_id_quota, reaction=config.producer_id_quota.reaction))
-        existing = {spec.target: lim for spec, lim in zip(before.rate_limiters, self.limiters)}
-        limiters = rate_limiters_for(live, self.quotas, existing)  # first: it may refuse
+    def quota_rules_over(self, base: tuple[QuotaRule, ...]) -> tuple[QuotaRule, ...]:
+        """The rules in force over the file's ``base``: the quota store's overlay on top."""
+        if not len(self.quota_store):
+            return base  # the very tuple: nothing set through the API
+        return rules_from_quotas(self.quota_store.merged(base))
+
+    def apply_quota_rules(self, rules: tuple[QuotaRule, ...]) -> None:
+        """Puts ``rules`` in force for every connection (the quota engine, the producer-id quota,
+        the rate limiters, the filter chain), as a reload does, without touching the file's
+        configuration. Raises ConfigError (nothing changed) when a rate limiter refuses them."""
+        self._put_in_force(self.config, rules)
+
+    def _put_in_force(self, live: Config, rules: tuple[QuotaRule, ...]) -> None:
+        """``rules`` in force, with ``live``'s rate limiters and producer-id reaction; ConfigError
+        (nothing changed) when a rate limiter refuses."""
+        existing = {spec.target: lim for spec, lim in zip(self.config.rate_limiters, self.limiters)}
+        limiters = rate_limiters_for(replace(live, quotas=rules), self.quotas, existing)  # first: it may refuse
         for limiter in self.limiters:
             if limiter not in limiters:
                 _close_limiter(limiter)
-        self.quotas.replace_rules(config.quotas)
-        self.producer_ids.replace_rules(config.quotas)
+        self.quotas.replace_rules(rules)
+        self.producer_ids.replace_rules(rules)
+        self.rules_in_force = rules
         self.limiters = limiters
         self.limiter_filter.set_limiters(limiters)
         self.producer_id_filter.reaction = live.producer_id_quota.reaction
         self.chain.refresh()  # filters idle before may have work now, and the other way round
         for conn in self.connections:
             conn.chain_changed()
+
+    def reload(self, config: Config) -> None:
+        """Applies the quotas, rate limiters and producer-id reaction of a new, already validated
+        configuration; connections stay. The quotas set through the Admin API stay on top of the
+        file's (see proxy.quota_store). Raises ConfigError (nothing changed) when a rate limiter
+        refuses its new configuration. Logs each quota in force it removes at WARNING (an entity
+        losing them all, or one value) and each one it adds or changes at INFO."""
+        before = self.config
+        rules_before = self.rules_in_force
+        live = replace(before, quotas=config.quotas, rate_limiters=config.rate_limiters,
+                       producer_id_quota=replace(before.producer_id_quota, reaction=config.producer_id_quota.reaction))
+        rules = self.quota_rules_over(config.quotas)
+        self._put_in_force(live, rules)
         self.config = live
         # Every quota the reload takes away is named: a cut-short file must not pass unnoticed.
-        for change in quota_changes(before.quotas, config.quotas):
+        for change in quota_changes(rules_before, rules):
             log.log(logging.WARNING if change.removes_a_quota else logging.INFO, "reload %s", change.describe())
+        if len(self.quota_store):
+            log.info("reload: %d quota values set or removed through the Admin API stay over the file's",
+                     len(self.quota_store))
+        unenforced = unenforced_kinds(config.rate_limiters)
+        for rule in rules:
+            for kind in sorted(unenforced & rule.values.keys()):
+                log.warning("reload: %s %s (set through the Admin API) is not enforced: no configured rate "
+                            "limiter enforces it", rule.describe(), kind)
         restart = [name for name, value in vars(config).items() if getattr(live, name) != value]
         if restart:  # the reload: section included, which the watcher read at start
             log.warning("reload applied quotas, rate_limiters and producer_id_quota.reaction; "
                         "changed settings that need a restart: %s", ", ".join(restart))
-        log.info("reloaded: %d quota entries and %d rate limiters in force", len(config.quotas), len(limiters))
+        log.info("reloaded: %d quota entries and %d rate limiters in force", len(rules), len(self.limiters))
 
     def _spawn(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)

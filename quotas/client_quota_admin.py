@@ -16,7 +16,7 @@ Where Kafka is followed, the class is named next to the rule; where the proxy de
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import NamedTuple
@@ -319,11 +319,14 @@ def alter(
     quotas: Mapping[QuotaEntity, Mapping[str, float]],
     entries: Iterable[tuple[EntityParts, Sequence[tuple[str, float, bool]]]],
     validate_only: bool = False,
+    unenforced: Collection[str] = frozenset(),
 ) -> AlterResult:
     """Validates each entry on its own and applies the valid ones (unless ``validate_only``).
 
     ClientQuotaControlManager.alterClientQuotas: an entry that fails changes nothing of its
     entity and nothing of the others; within an entry, the first bad op fails the whole entry.
+    Setting a key of ``unenforced`` (a record or batch rate no configured rate limiter enforces)
+    fails its entry as an unknown key does: the proxy does not accept a quota it would ignore.
     """
     request = [(tuple(entity), tuple(ops)) for entity, ops in entries]
     occurrences: dict[frozenset[tuple[str, str | None]], int] = {}
@@ -335,7 +338,7 @@ def alter(
     changes: list[QuotaChange] = []
     for entity_parts, ops in request:
         duplicated = occurrences[_entity_key(entity_parts)] > 1
-        error, entity, entry_changes = _check_entry(working, entity_parts, ops, duplicated)
+        error, entity, entry_changes = _check_entry(working, entity_parts, ops, duplicated, unenforced)
         results.append(EntryResult(_kafka_order(entity_parts), *error))
         if entity is not None:
             changes.extend(entry_changes)
@@ -358,6 +361,7 @@ def _check_entry(
     entity_parts: tuple[tuple[str, str | None], ...],
     ops: tuple[tuple[str, float, bool], ...],
     duplicated: bool,
+    unenforced: Collection[str] = frozenset(),
 ) -> tuple[tuple[int, str | None], QuotaEntity | None, list[QuotaChange]]:
     """(error_code, error_message), the entity when valid, and the changes it would make."""
     rendered = _render(entity_parts)
@@ -386,7 +390,7 @@ def _check_entry(
             if key in current:
                 entry_changes.append(QuotaChange(entity, key, current[key], None))
             continue
-        error = _check_value(entity, key, value)
+        error = _check_value(entity, key, value, unenforced)
         if error is not None:
             return (INVALID_REQUEST, error), None, []
         old = current.get(key)
@@ -427,13 +431,17 @@ def _check_entity(parts: tuple[tuple[str, str | None], ...]) -> str | None:
     return None
 
 
-def _check_value(entity: QuotaEntity, key: str, value: float) -> str | None:
+def _check_value(entity: QuotaEntity, key: str, value: float, unenforced: Collection[str] = frozenset()) -> str | None:
     """ClientQuotaControlManager.validateQuotaKeyValue's checks in its order, then the proxy's."""
     if key == REQUEST_PERCENTAGE:
         return (f"Quota {REQUEST_PERCENTAGE} is not supported by the proxy: it cannot measure the broker's "
                 "request handler and network thread time; use request_rate (requests per second) instead")
     if key not in ALL_KINDS:
         return f"Invalid configuration key {key}"
+    if key in unenforced:
+        # As the proxy's configuration refuses it (config.loader._check_limited).
+        return (f"Quota {key} is not enforced by this proxy: no configured rate limiter enforces it "
+                "(rate_limiters needs quotas.limiters:RecordRateLimiter or BatchRateLimiter)")
     if key in USER_LEVEL_ONLY_KINDS and CLIENT_ID in entity.entries:
         # KIP-936: producer_ids_rate is keyed by user only, like the proxy's configuration.
         return f"Invalid configuration key {key} for an entity with client-id: it applies to users only"

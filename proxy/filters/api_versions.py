@@ -42,8 +42,11 @@ class ApiVersionsFilter:
     """Answers an ApiVersions version the proxy does not know, caps each API at what the
     proxy carries, and learns the connection's KIP-951 uplift from the broker's answer."""
 
-    def __init__(self, caps: dict[int, int | None] | None = None, uplift: bool = False) -> None:
+    def __init__(self, caps: dict[int, int | None] | None = None, uplift: bool = False,
+                 offered: dict[int, tuple[int, int]] | None = None) -> None:
         self.caps = default_caps() if caps is None else caps
+        # {api key: (min, max)}: APIs the proxy answers itself, listed whatever the broker says.
+        self.offered = offered or {}
         self.max_version = SPECS[ApiKey.API_VERSIONS].max_version
         keys = frozenset({ApiKey.API_VERSIONS})
         self.spec = FilterSpec(
@@ -117,6 +120,7 @@ class ApiVersionsFilter:
     def _capped(self, resp) -> tuple[bytes, dict[int, int]]:
         broker_max = {e.api_key: e.max_version for e in resp.api_keys}
         rewrite.cap_api_versions(resp, self.caps)
+        rewrite.offer_api_versions(resp, self.offered)
         uplift = uplifted_caps(broker_max, self.uplift)
         for e in resp.api_keys:
             if e.api_key in uplift and e.max_version == uplift[e.api_key]:

@@ -616,3 +616,17 @@ def test_changes_replayed_on_the_old_quotas_give_the_new(entries):
     assert all(v for v in result.new_quotas.values())
     dry = alter(STORE, entries, validate_only=True)
     assert dry.results == result.results and dry.changes == () and dry.new_quotas == STORE
+
+
+def test_a_key_no_limiter_enforces_fails_its_entry_but_can_still_be_removed():
+    # The proxy's own rule (config.loader refuses such a quota in the file too).
+    quotas = {BOB: {"producer_record_rate": 5.0}}
+    result = alter(quotas, [AlterEntry([(USER, "bob")], [set_op("producer_batch_rate", 10.0)]),
+                            AlterEntry([(USER, "carol")], [set_op("request_rate", 1.0)])],
+                   unenforced=frozenset({"producer_batch_rate", "producer_record_rate"}))
+    assert result.results[0].error_code == INVALID_REQUEST
+    assert "no configured rate limiter enforces it" in (result.results[0].error_message or "")
+    assert result.results[1].error_code == NONE
+    removed = alter(quotas, [AlterEntry([(USER, "bob")], [remove_op("producer_record_rate")])],
+                    unenforced=frozenset({"producer_record_rate"}))
+    assert removed.results[0].error_code == NONE and removed.new_quotas == {}
