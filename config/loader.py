@@ -120,8 +120,12 @@ def _quota_admin(data: Any, path: str) -> QuotaAdminConfig:
     if not isinstance(topic, str) or not _TOPIC_NAME.fullmatch(topic) or topic in (".", ".."):
         raise ConfigError(f"{path}.topic", "must be a Kafka topic name (1 to 249 of a-z A-Z 0-9 . _ -, "
                                            f"not . or ..), got {topic!r}")
+    store = m.get("store", d.store)
+    if store not in ("topic", "memory"):
+        raise ConfigError(f"{path}.store", f"must be topic or memory, got {store!r}")
     return QuotaAdminConfig(
         enabled=_bool(m, "enabled", path, d.enabled),
+        store=store,
         principals=tuple(dict.fromkeys(principals)),
         describe=describe,
         topic=topic,

@@ -246,7 +246,9 @@ class QuotaAdminConfig:
     # Kafka asks DESCRIBE_CONFIGS on the cluster to describe, ALTER_CONFIGS to alter: both are
     # admins' by default; "anyone" lets every client describe.
     describe: str = "admins"
-    # Where the quotas set through the API will be kept (a compacted topic; not used yet).
+    # Where the quotas set through the API are kept: "topic" (the compacted topic below, shared
+    # by every proxy instance, kept across restarts) or "memory" (this process only, lost on restart).
+    store: str = "topic"
     topic: str = "__kqp_client_quotas"
 
     def may_alter(self, principal: str) -> bool:

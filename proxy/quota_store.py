@@ -8,9 +8,9 @@ reloaded. Once an (entity, key) has been set or removed through the API, the ove
 decides it: a later change of that key in the file is not in force.
 
 :class:`QuotaStore` is what the proxy needs of a store; :class:`OverlayStore` keeps the overlay
-in this process's memory only (lost on restart). A store that keeps it elsewhere (a compacted
-topic) implements :meth:`QuotaStore.commit` by writing the changes and applying them only once
-they are written.
+in this process's memory only (lost on restart); proxy.quota_topic_store.TopicStore keeps it in
+a compacted topic, and implements :meth:`QuotaStore.commit` by writing the changes and applying
+them only once they are written.
 """
 
 from __future__ import annotations
@@ -27,6 +27,11 @@ REMOVED: Final = None  # an overlay value: the key is removed, whatever the base
 Overlay = Mapping[QuotaEntity, Mapping[str, float | None]]
 
 
+class StoreUnavailable(Exception):
+    """The store could not record changes (its storage unreachable or refusing): nothing
+    changed, and trying again later may succeed. The message says why, for the client."""
+
+
 class QuotaStore(Protocol):
     def __len__(self) -> int:
         """The number of (entity, key) the overlay decides (0: the base alone is in force)."""
@@ -38,7 +43,8 @@ class QuotaStore(Protocol):
 
     async def commit(self, changes: Sequence[QuotaChange]) -> None:
         """Records ``changes`` (each a set or a removal of one key of one entity): all of them, or,
-        raising, none. Once it returns, :meth:`merged` reflects them."""
+        raising (StoreUnavailable when a retry may succeed), none. Once it returns, :meth:`merged`
+        reflects them."""
         ...
 
 

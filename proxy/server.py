@@ -38,6 +38,7 @@ from .http import MetricsEndpoint
 from .leaders import ExpeditedRefresher, LeaderCache, LeaderCollector
 from .quota_metrics import ProducerIdCollector, QuotaCollector
 from .quota_store import OverlayStore, QuotaStore
+from .quota_topic_store import QuotaStoreCollector, TopicStore
 from .readiness import Readiness
 from .refresh import refresh_once
 from .stats import ProxyStats, StatsCollector
@@ -118,9 +119,17 @@ class ProxyServer:
         self.registry.register(QuotaCollector(self.quotas, now_ms))
         self.producer_ids = producer_id_manager_for(config)
         self.limiters = rate_limiters_for(config, self.quotas)
+        self.cluster = Cluster(config, self.stats, self._serve_node)
         # Quotas set through AlterClientQuotas, over the file's (config.quotas): the rules in
         # force are rules_in_force (see quota_rules_over).
         self.quota_store: QuotaStore = OverlayStore()
+        self.topic_store: TopicStore | None = None
+        admin = config.quota_admin
+        if admin.enabled and admin.store == "topic":
+            self.topic_store = TopicStore(admin.topic, self.cluster, config.upstream.connect_timeout_s,
+                                          self._quota_store_changed)
+            self.quota_store = self.topic_store
+            self.registry.register(QuotaStoreCollector(self.topic_store))
         self.rules_in_force = config.quotas
         self.client_quotas = ClientQuotasFilter(config.quota_admin, self.quota_store, self)
         self.producer_id_filter = ProducerIdQuotaFilter(self.producer_ids, config.producer_id_quota.reaction)
@@ -130,7 +139,6 @@ class ProxyServer:
         self.topics = TopicCache()
         self.producer_id_observer: ProducerIdObserver | None = None  # with the usage log only
         self.usage, usage_filter = self._usage_log(config)
-        self.cluster = Cluster(config, self.stats, self._serve_node)
         self.leaders = LeaderCache()
         ld = config.leader_discovery
         self.refresher = ExpeditedRefresher(self.cluster, self.leaders, self.stats, config.upstream.connect_timeout_s,
@@ -185,6 +193,10 @@ class ProxyServer:
         answered = await refresh_once(self.cluster, self.stats, up.connect_timeout_s)
         if not answered:
             log.warning("no bootstrap server answered yet; brokers will be learned when one does")
+        if self.topic_store is not None:
+            # Read to its end before the proxy can be ready; with no broker answering, not waited
+            # for (the file's quotas are in force until it is read).
+            await self.topic_store.start(wait_s=2 * up.connect_timeout_s if answered else 0.0)
         self._spawn(self._refresh_periodically(up.metadata_refresh_interval_s, up.connect_timeout_s, answered))
         self._spawn(self._expire_quota_entities())
         self._spawn(self._sweep_connections())
@@ -247,6 +259,14 @@ class ProxyServer:
         if not len(self.quota_store):
             return base  # the very tuple: nothing set through the API
         return rules_from_quotas(self.quota_store.merged(base))
+
+    def _quota_store_changed(self) -> None:
+        """The quota topic changed (another instance's Alter, or read at start): its quotas
+        over the file's in force, as a reload puts them (entities keep their rate state)."""
+        try:
+            self.apply_quota_rules(self.quota_rules_over(self.config.quotas))
+        except ConfigError as exc:
+            log.error("quotas read from the quota topic not put in force, a rate limiter refused them: %s", exc)
 
     def apply_quota_rules(self, rules: tuple[QuotaRule, ...]) -> None:
         """Puts ``rules`` in force for every connection (the quota engine, the producer-id quota,
@@ -319,16 +339,28 @@ class ProxyServer:
         """Liveness (``/healthz``): every listener of the proxy's own is serving."""
         ok = bool(self._servers) and all(s.is_serving() for s in self._servers)
         detail = f"{'ok' if ok else 'not serving'}; brokers known: {sorted(self.cluster.brokers)}"
+        if self.topic_store is not None:
+            detail += "; " + self.topic_store.state()[1]
         return ok, detail
 
     def ready(self) -> tuple[bool, str]:
         """Readiness (``/readyz``): serving, a broker known, and a metadata refresh answered
         within two refresh intervals (plus a connect timeout): see proxy.readiness."""
-        return self._readiness.check(self.health()[0])
+        ready, detail = self._readiness.check(self.health()[0])
+        if self.topic_store is not None:
+            loaded, store = self.topic_store.state()
+            if not loaded:
+                detail = ("not ready: " if ready else detail + "; ") + store
+                ready = False
+            else:
+                detail += "; " + store
+        return ready, detail
 
     async def stop(self) -> None:
         for task in list(self._tasks):
             task.cancel()
+        if self.topic_store is not None:
+            await self.topic_store.stop()
         self.refresher.close()
         for limiter in self.limiters:
             _close_limiter(limiter)

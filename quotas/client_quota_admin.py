@@ -27,6 +27,7 @@ from quotas.entities import DEFAULT, QuotaRule
 # Kafka's error codes (org.apache.kafka.common.protocol.Errors).
 NONE = 0
 UNKNOWN_SERVER_ERROR = -1
+REQUEST_TIMED_OUT = 7  # retriable (org.apache.kafka.common.errors.TimeoutException)
 CLUSTER_AUTHORIZATION_FAILED = 31
 UNSUPPORTED_VERSION = 35
 INVALID_REQUEST = 42

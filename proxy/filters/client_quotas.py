@@ -18,7 +18,10 @@ the client sent them):
   the quotas the one before left; an Alter that changes nothing is answered the same way. An
   Alter is carried out whole even when its client goes away before the answer.
 - A failure after validation changes nothing: a rate limiter refusing the new quotas answers
-  the valid entries POLICY_VIOLATION, a store that cannot record them UNKNOWN_SERVER_ERROR.
+  the valid entries POLICY_VIOLATION; a store that cannot record them now (StoreUnavailable:
+  the quota topic unreachable or refusing) REQUEST_TIMED_OUT, retriable, with the store's
+  reason as the message (what a KRaft controller answers when its write times out); any other
+  store failure UNKNOWN_SERVER_ERROR.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from quotas.client_quota_admin import (
     CLUSTER_AUTHORIZATION_FAILED,
     NONE,
     POLICY_VIOLATION,
+    REQUEST_TIMED_OUT,
     UNKNOWN_SERVER_ERROR,
     USER,
     AlterResult,
@@ -56,7 +60,7 @@ from quotas.entities import DEFAULT, QuotaRule
 
 from ..inflight import InFlight
 from ..logs import LogLimiter
-from ..quota_store import QuotaStore
+from ..quota_store import QuotaStore, StoreUnavailable
 from .api import Answer, Defer, FilterContext, FilterSpec, Frame
 
 log = logging.getLogger(__name__)
@@ -158,6 +162,10 @@ class ClientQuotasFilter:
             return _failed(result, POLICY_VIOLATION, f"A rate limiter refused the new quotas: {exc}")
         try:
             await self.store.commit(result.changes)
+        except StoreUnavailable as exc:
+            log.error("AlterClientQuotas not recorded, the quotas before are put back in force: %s", exc)
+            self._resync()
+            return _failed(result, REQUEST_TIMED_OUT, str(exc))
         except Exception as exc:
             log.error("AlterClientQuotas not recorded, the quotas before are put back in force: %r", exc)
             self._resync()

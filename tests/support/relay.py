@@ -37,6 +37,7 @@ class CountingRelay(ThreadedServer):
         # Pids checked first when looking for a peer socket's owner (then all of /proc).
         self.candidate_pids: list[int] = list(candidate_pids)
         self._connections: list[RelayedConnection] = []
+        self._cut_target: tuple[str, int] | None = None  # the target while cut
 
     # -- what tests read ------------------------------------------------------------------
 
@@ -57,6 +58,15 @@ class CountingRelay(ThreadedServer):
 
     def connections_from(self, pid: int) -> list[RelayedConnection]:
         return [c for c in self.connections if c.pid == pid]
+
+    def cut(self) -> None:
+        """The broker gone, as seen through the relay: every relayed connection closed, new ones
+        accepted and closed at once, until :meth:`restore`."""
+        self._cut_target, self.target = self.target, None
+        self.drop_connections()
+
+    def restore(self) -> None:
+        self.target = self._cut_target
 
     # -- relaying -------------------------------------------------------------------------
 

@@ -71,6 +71,16 @@ class ThreadedServer:
         if self._server is not None:
             await self._server.wait_closed()
 
+    def drop_connections(self) -> None:
+        """Closes every connection being handled (the server keeps listening)."""
+        self._call(self._drop())
+
+    async def _drop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
     def _call(self, coro, timeout_s: float = 10.0):
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout_s)
 

@@ -20,6 +20,7 @@ from config import parse_config
 from protocol.apis import SPECS
 from protocol.frames import FrameReader
 from proxy.filters.client_quotas import ALTER_CLIENT_QUOTAS, DESCRIBE_CLIENT_QUOTAS, describe_change
+from proxy.quota_store import StoreUnavailable
 from proxy.server import ProxyServer
 from quotas.client_quota_admin import CLIENT_ID, USER, QuotaChange, QuotaEntity
 from quotas.limiters import RecordRateLimiter
@@ -31,12 +32,14 @@ CLUSTER_AUTHORIZATION_FAILED = 31
 INVALID_REQUEST = 42
 POLICY_VIOLATION = 44
 UNKNOWN_SERVER_ERROR = -1
+REQUEST_TIMED_OUT = 7
 FILE_QUOTAS = [{"user": "alice", "producer_byte_rate": 1000}, {"client_id": "<default>", "request_rate": 50}]
 
 
 def admin_pair(principals=("ANONYMOUS",), describe="admins", enabled=True, **sections) -> Pair:
     raw = {**BASE, "quotas": FILE_QUOTAS, **sections,
-           "quota_admin": {"enabled": enabled, "principals": list(principals), "describe": describe}}
+           "quota_admin": {"enabled": enabled, "principals": list(principals), "describe": describe,
+                           "store": "memory"}}
     return Pair(server=ProxyServer(parse_config(raw)))
 
 
@@ -215,6 +218,27 @@ def test_a_limiter_refusing_the_new_quotas_changes_nothing():
     asyncio.run(go())
 
 
+def test_a_store_out_of_reach_answers_request_timed_out_with_its_reason():
+    async def go():
+        pair = admin_pair()
+
+        async def unavailable(changes):
+            raise StoreUnavailable("the quota topic could not be written (broker down); retry later")
+
+        pair.server.quota_store.commit = unavailable
+        pair.conn.data_received(alter_request(1, [([("user", "alice")], [("producer_byte_rate", 5.0, False)]),
+                                                  ([("user", "bob")], [("bad_key", 5.0, False)])], 1))
+        await settle()
+        [resp] = responses(pair, AlterClientQuotasResponse, 1)
+        assert [(e.error_code, e.error_message) for e in resp.entries] == [
+            (REQUEST_TIMED_OUT, "the quota topic could not be written (broker down); retry later"),
+            (INVALID_REQUEST, resp.entries[1].error_message)]
+        assert pair.server.quotas.resolve("alice", "x", "producer_byte_rate").quota == 1000.0
+        assert not len(pair.server.quota_store)
+
+    asyncio.run(go())
+
+
 def test_a_store_that_fails_leaves_the_quotas_before_in_force():
     async def go():
         pair = admin_pair()
@@ -329,7 +353,7 @@ def test_a_reload_while_the_store_writes_keeps_the_alter_on_top_of_the_new_file(
         pair.conn.data_received(alter_request(1, [([("user", "alice")], [("producer_byte_rate", 4096.0, False)])], 1))
         await settle()
         server.reload(parse_config({**BASE, "quotas": [{"user": "alice", "producer_byte_rate": 10, "request_rate": 3}],
-                                    "quota_admin": {"enabled": True, "principals": ["ANONYMOUS"]}}))
+                                    "quota_admin": {"enabled": True, "principals": ["ANONYMOUS"], "store": "memory"}}))
         written.set()
         await settle()
         assert server.quotas.resolve("alice", "x", "producer_byte_rate").quota == 4096.0

@@ -78,3 +78,10 @@ def test_the_section_must_be_a_mapping():
     with pytest.raises(ConfigError) as info:
         parse_config({**BASE, "quota_admin": ["alice"]})
     assert info.value.path == "quota_admin"
+
+
+def test_the_store_is_the_topic_unless_memory_is_asked():
+    assert admin().store == "topic"
+    assert admin(store="memory").store == "memory"
+    e = error(store="redis")
+    assert e.path == "quota_admin.store" and "'redis'" in str(e)

@@ -1,0 +1,423 @@
+"""The quota store kept in a compacted topic (``quota_admin.topic``): every proxy instance
+shares the quotas set through the Admin API, and they outlive restarts.
+
+- **Start.** The topic is created if missing (1 partition, replication factor min(3, brokers),
+  ``cleanup.policy=compact``), read from offset 0 to its high watermark, and the overlay put in
+  force (``on_change``) before :meth:`TopicStore.start` returns; until then the proxy is not
+  ready (:attr:`TopicStore.loaded`). A cluster that cannot be read at start does not stop the
+  proxy: the file's quotas are in force, and the store keeps trying.
+- **Follow.** One task fetches from the partition leader with ``max_wait_ms`` 500, so a change
+  written by any instance is in force here within a second. Each record replaces its entity's
+  overlay (proxy.quota_topic), then the rules in force are re-applied, as a reload does
+  (entities keep their rate state).
+- **Write.** :meth:`TopicStore.commit` writes the touched entities' whole new records as one
+  batch, with the proxy's own idempotent producer (InitProducerId once per connection;
+  acks=all), and applies them only once the leader acknowledged: the caller reads its writes.
+  A write that fails or does not finish within ``2 x timeout_s`` raises
+  :class:`StoreUnavailable` and changes nothing here (a write whose answer was lost may still
+  land, and is then applied by the follower, as in Kafka a timed-out request may have
+  succeeded). Records carry the whole entity, so a write repeated under a new producer id
+  after a failure is harmless.
+- **Failures** are counted in ``kqp_quota_store_errors_total{op=create|read|write}``, logged
+  at most once a minute per kind, and named in :meth:`TopicStore.state`; the last quotas read
+  stay in force meanwhile.
+
+The proxy's own connections use the upstream settings (TLS, SASL) through the BrokerDialer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from types import MappingProxyType
+from typing import Any
+
+import kafka.errors
+from kafka.protocol.admin import CreateTopicsRequest
+from kafka.protocol.consumer import FetchRequest, ListOffsetsRequest
+from kafka.protocol.producer import ProduceRequest
+from kafka.protocol.producer.transaction import InitProducerIdRequest
+from kafka.record import MemoryRecords, MemoryRecordsBuilder
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from quotas.client_quota_admin import QuotaChange, QuotaEntity
+from quotas.entities import QuotaRule
+
+from . import quota_topic
+from .cluster import Cluster
+from .dialer import OwnConnection
+from .quota_store import Overlay, StoreUnavailable, merge
+from .refresh import fetch_topic_metadata
+
+log = logging.getLogger(__name__)
+
+# org.apache.kafka.common.protocol.Errors
+_UNKNOWN_TOPIC_OR_PARTITION = 3
+_TOPIC_ALREADY_EXISTS = 36
+_FETCH_WAIT_MS = 500  # a change made through another instance is in force within a second
+_MAX_BACKOFF_S = 2.0
+
+
+class StoreError(ConnectionError):
+    """The broker answered the store with an error (retried like a lost connection)."""
+
+
+def _broker_error(api: str, code: int, detail: str = "") -> StoreError:
+    name = kafka.errors.for_code(code).__name__.removesuffix("Error")
+    return StoreError(f"{api} answered {name} ({code}){': ' + detail if detail else ''}")
+
+
+class TopicStore:
+    """A :class:`proxy.quota_store.QuotaStore` whose overlay is what the topic says."""
+
+    def __init__(self, topic: str, cluster: Cluster, timeout_s: float, on_change: Callable[[], None]) -> None:
+        self.topic = topic
+        self._cluster = cluster
+        self._timeout_s = timeout_s
+        self._on_change = on_change  # puts the merged quotas in force (the server's)
+        self._overlay: dict[QuotaEntity, dict[str, float | None]] = {}
+        self._applied_at: dict[QuotaEntity, int] = {}  # offset of the record in force, per entity
+        self.next_offset = 0  # the next offset the follower reads
+        self.high_watermark = 0
+        self.last_applied_offset = -1
+        self.errors: Counter[str] = Counter()  # op -> failures
+        self.bad_records: Counter[str] = Counter()  # reason -> records ignored
+        self.last_errors: dict[str, str] = {}  # op -> its last failure, until it next succeeds
+        self.loaded = asyncio.Event()
+        self._created = False
+        self._writes = asyncio.Lock()
+        self._producer: OwnConnection | None = None
+        self._producer_state = (-1, -1, 0)  # producer id, epoch, next sequence
+        self._follower: asyncio.Task | None = None
+        self._followed = 0  # changes the follower applied (put in force by on_change)
+
+    # -- QuotaStore -----------------------------------------------------------------------
+
+    @property
+    def overlay(self) -> Overlay:
+        return MappingProxyType({e: MappingProxyType(dict(v)) for e, v in self._overlay.items()})
+
+    def __len__(self) -> int:
+        return sum(len(values) for values in self._overlay.values())
+
+    def merged(self, base: Iterable[QuotaRule]) -> dict[QuotaEntity, dict[str, float]]:
+        return merge(base, self._overlay)
+
+    def apply(self, changes: Iterable[QuotaChange]) -> None:
+        """Records ``changes`` here only (as OverlayStore.apply; nothing is written)."""
+        for change in changes:
+            self._overlay.setdefault(change.entity, {})[change.key] = change.new
+
+    async def commit(self, changes: Sequence[QuotaChange]) -> None:
+        async with self._writes:
+            followed = self._followed
+            new: dict[QuotaEntity, dict[str, float | None]] = {}
+            for change in changes:
+                new.setdefault(change.entity, dict(self._overlay.get(change.entity, {})))[change.key] = change.new
+            records = [quota_topic.encode(entity, values) for entity, values in new.items()]
+            try:
+                async with asyncio.timeout(2 * self._timeout_s):
+                    base_offset = await self._produce(records)
+            except (OSError, TimeoutError, asyncio.IncompleteReadError, ConnectionError, ValueError) as exc:
+                self._failed("write", exc)
+                self._close_producer()
+                raise StoreUnavailable(f"the quota topic {self.topic} could not be written "
+                                       f"({_text(exc)}); nothing changed, retry later") from exc
+            self.last_errors.pop("write", None)
+            for i, (entity, values) in enumerate(new.items()):
+                self._set(entity, values, base_offset + i)
+            if self._followed != followed:
+                # Another instance's change was put in force meanwhile, without these: both now.
+                self._on_change()
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def start(self, wait_s: float) -> None:
+        """Starts following the topic; returns once it is read to its end and in force, or
+        after ``wait_s`` (the store keeps trying; the proxy is not ready meanwhile)."""
+        self._follower = asyncio.get_running_loop().create_task(self._follow())
+        try:
+            async with asyncio.timeout(wait_s):
+                await self.loaded.wait()
+        except TimeoutError:
+            log.warning("quota topic %s not read within %g s: the file's quotas alone are in force until it is "
+                        "(%s)", self.topic, wait_s, self._errors_text() or "no answer yet")
+
+    async def stop(self) -> None:
+        if self._follower is not None:
+            self._follower.cancel()
+            await asyncio.gather(self._follower, return_exceptions=True)
+        self._close_producer()
+
+    def state(self) -> tuple[bool, str]:
+        """(loaded, a line for /healthz and /readyz)."""
+        lag = max(self.high_watermark - self.next_offset, 0)
+        where = f"quota store {self.topic}: "
+        if not self.loaded.is_set():
+            return False, where + f"not read yet ({self._errors_text() or 'reading'})"
+        line = f"read to offset {self.next_offset}, lag {lag}"
+        if self.last_errors:
+            line += f"; failing: {self._errors_text()}"
+        return True, where + line
+
+    def _errors_text(self) -> str:
+        return ", ".join(f"{op}: {text}" for op, text in sorted(self.last_errors.items()))
+
+    # -- reading --------------------------------------------------------------------------
+
+    async def _follow(self) -> None:
+        backoff_s = 0.25
+        while True:
+            try:
+                if not self._created:
+                    await self._ensure_topic()
+                leader = await self._leader()
+                async with await self._cluster.dialer.open(leader, self._timeout_s) as conn:
+                    async with asyncio.timeout(self._timeout_s):
+                        self.high_watermark = await self._end_offset(conn)
+                    while True:
+                        # Tansu 0.6 answers a Fetch with max_wait_ms 0 with no data at all, even
+                        # below the high watermark: the first reads wait a little too.
+                        wait_ms = _FETCH_WAIT_MS if self.loaded.is_set() else 50
+                        async with asyncio.timeout(self._timeout_s + wait_ms / 1000):
+                            await self._fetch_once(conn, wait_ms)
+                        self.last_errors.pop("read", None)
+                        self.last_errors.pop("create", None)
+                        backoff_s = 0.25
+                        if not self.loaded.is_set() and self.next_offset >= self.high_watermark:
+                            log.info("quota topic %s read: %d entities, %d values set or removed through the "
+                                     "Admin API", self.topic, len(self._overlay), len(self))
+                            self.loaded.set()
+            except (OSError, TimeoutError, asyncio.IncompleteReadError, ConnectionError, ValueError) as exc:
+                self._failed("read" if self._created else "create", exc)
+                await asyncio.sleep(backoff_s)
+                backoff_s = min(backoff_s * 2, _MAX_BACKOFF_S)
+            except Exception as exc:  # a broker answer this code did not expect: never a dead follower
+                log.exception("quota topic %s: the follower failed", self.topic)
+                self._failed("read", exc)
+                await asyncio.sleep(backoff_s)
+                backoff_s = min(backoff_s * 2, _MAX_BACKOFF_S)
+
+    async def _end_offset(self, conn: OwnConnection) -> int:
+        """The partition's end (ListOffsets, latest): what the first reads must reach."""
+        version = min(conn.api_versions.get(ListOffsetsRequest.API_KEY, (0, 0))[1], 5)
+        if version < 1:
+            raise StoreError(f"the broker offers no ListOffsets version >= 1 ({version})")
+        T = ListOffsetsRequest[version].ListOffsetsTopic
+        p = T.ListOffsetsPartition(partition_index=0, current_leader_epoch=-1, timestamp=-1)  # -1: latest
+        resp = await conn.round_trip(ListOffsetsRequest[version](replica_id=-1, isolation_level=1,
+                                                                 topics=[T(name=self.topic, partitions=[p])]))
+        for topic in resp.topics:
+            for part in topic.partitions:
+                if part.partition_index == 0:
+                    if part.error_code:
+                        raise _broker_error("ListOffsets", part.error_code)
+                    return int(part.offset)
+        raise StoreError("ListOffsets answered nothing for partition 0")
+
+    async def _fetch_once(self, conn: OwnConnection, wait_ms: int) -> None:
+        version = min(conn.api_versions.get(FetchRequest.API_KEY, (0, 0))[1], 12)  # v13+: topic ids
+        if version < 4:
+            raise StoreError(f"the broker offers no Fetch version >= 4 ({version})")
+        T = FetchRequest[version].FetchTopic
+        fp = T.FetchPartition(partition=0, current_leader_epoch=-1, fetch_offset=self.next_offset,
+                              last_fetched_epoch=-1, log_start_offset=-1, partition_max_bytes=1 << 20)
+        request = FetchRequest[version](replica_id=-1, max_wait_ms=wait_ms, min_bytes=1, max_bytes=1 << 20,
+                                        isolation_level=1, session_id=0, session_epoch=-1,
+                                        topics=[T(topic=self.topic, partitions=[fp])],
+                                        forgotten_topics_data=[], rack_id="")
+        resp = await conn.round_trip(request)
+        if getattr(resp, "error_code", 0):
+            raise _broker_error("Fetch", resp.error_code)
+        parts = [p for t in resp.responses for p in t.partitions if p.partition_index == 0]
+        if not parts:
+            return  # Tansu 0.6 answers no partition at all when it has nothing new
+        part = parts[0]
+        if part.error_code:
+            raise _broker_error("Fetch", part.error_code)
+        self.high_watermark = max(self.high_watermark, part.high_watermark)
+        self._apply_records(bytes(part.records or b""))
+
+    def _apply_records(self, data: bytes) -> None:
+        changed = False
+        records = MemoryRecords(data)
+        while (batch := records.next_batch()) is not None:
+            for record in batch:
+                if record.offset < self.next_offset:
+                    continue  # a batch starts before the offset asked for
+                changed |= self._apply_record(record.offset, record.key, record.value)
+                self.next_offset = record.offset + 1
+                self.last_applied_offset = record.offset
+            # A batch of aborted or compacted-away records still moves the offset on.
+            self.next_offset = max(self.next_offset, getattr(batch, "next_offset", self.next_offset))
+        if changed:
+            self._followed += 1
+            self._on_change()
+
+    def _apply_record(self, offset: int, key: bytes | None, value: bytes | None) -> bool:
+        try:
+            entity, values = quota_topic.decode(key, value)
+        except quota_topic.BadRecord as exc:
+            self.bad_records[exc.reason] += 1
+            self._cluster.dialer.log_failure("quota_record", logging.WARNING,
+                                             "quota topic %s: record at offset %d ignored: %s", self.topic, offset, exc)
+            return False
+        if self._applied_at.get(entity, -1) >= offset:
+            return False  # this instance's own write, applied when it was acknowledged
+        return self._set(entity, values or {}, offset)
+
+    def _set(self, entity: QuotaEntity, values: dict[str, float | None], offset: int) -> bool:
+        """``entity``'s overlay is ``values`` (empty: a tombstone) as of ``offset``; True when
+        that changed it."""
+        self._applied_at[entity] = offset
+        before = self._overlay.get(entity, {})
+        if values:
+            self._overlay[entity] = dict(values)
+        else:
+            self._overlay.pop(entity, None)
+        return before != values
+
+    # -- writing --------------------------------------------------------------------------
+
+    async def _produce(self, records: list[tuple[bytes, bytes | None]]) -> int:
+        """Writes ``records`` as one batch; the offset of the first."""
+        conn = await self._producer_connection()
+        producer_id, epoch, sequence = self._producer_state
+        builder = MemoryRecordsBuilder(2, 0, 1 << 30, producer_id=producer_id, producer_epoch=epoch,
+                                       base_sequence=sequence if producer_id >= 0 else -1)
+        now_ms = int(time.time() * 1000)
+        for key, value in records:
+            builder.append(timestamp=now_ms, key=key, value=value, headers=[])
+        builder.close()
+        version = min(conn.api_versions.get(ProduceRequest.API_KEY, (0, 0))[1], 9)
+        if version < 3:
+            raise StoreError(f"the broker offers no Produce version >= 3 ({version})")
+        T = ProduceRequest[version].TopicProduceData
+        data = T(name=self.topic, partition_data=[T.PartitionProduceData(index=0, records=bytes(builder.buffer()))])
+        resp = await conn.round_trip(ProduceRequest[version](transactional_id=None, acks=-1,
+                                                             timeout_ms=int(self._timeout_s * 1000),
+                                                             topic_data=[data]))
+        part = resp.responses[0].partition_responses[0]
+        if part.error_code:
+            raise _broker_error("Produce", part.error_code, part.error_message or "")
+        if producer_id >= 0:
+            self._producer_state = (producer_id, epoch, sequence + len(records))
+        return int(part.base_offset)
+
+    async def _producer_connection(self) -> OwnConnection:
+        if self._producer is not None:
+            return self._producer
+        conn = await self._cluster.dialer.open(await self._leader(), self._timeout_s)
+        try:
+            lo, hi = conn.api_versions.get(InitProducerIdRequest.API_KEY, (-1, -1))
+            if hi >= 0:  # idempotent when the broker can (KIP-98), acks=all in any case
+                version = min(hi, 4)
+                init: Any = await conn.round_trip(InitProducerIdRequest[version](
+                    transactional_id=None, transaction_timeout_ms=60_000, producer_id=-1, producer_epoch=-1))
+                if init.error_code:
+                    raise _broker_error("InitProducerId", init.error_code)
+                self._producer_state = (init.producer_id, init.producer_epoch, 0)
+            else:
+                self._producer_state = (-1, -1, 0)
+        except BaseException:
+            conn.close()
+            raise
+        self._producer = conn
+        return conn
+
+    def _close_producer(self) -> None:
+        if self._producer is not None:
+            self._producer.close()
+            self._producer = None
+
+    # -- the topic ------------------------------------------------------------------------
+
+    async def _metadata(self) -> Any:
+        attempts = len(self._cluster.bootstrap)
+        for attempt in range(attempts):
+            address = self._cluster.upstream_address(None, attempt)
+            try:
+                return await fetch_topic_metadata(self._cluster.dialer, address, [self.topic], [], self._timeout_s)
+            except (OSError, TimeoutError, asyncio.IncompleteReadError, ConnectionError) as exc:
+                if attempt == attempts - 1:
+                    raise
+                log.debug("quota topic metadata from %s:%d failed: %s", *address, exc)
+        raise ConnectionError("no bootstrap server")
+
+    async def _leader(self) -> tuple[str, int]:
+        metadata = await self._metadata()
+        brokers = {b.node_id: (b.host, b.port) for b in metadata.brokers}
+        for topic in metadata.topics:
+            if topic.name == self.topic and not topic.error_code:
+                for p in topic.partitions:
+                    if p.partition_index == 0 and p.leader_id in brokers:
+                        return brokers[p.leader_id]
+        raise StoreError(f"no leader known for {self.topic}-0")
+
+    async def _ensure_topic(self) -> None:
+        metadata = await self._metadata()
+        known = [t for t in metadata.topics if t.name == self.topic]
+        if known and known[0].error_code == 0:
+            self._created = True
+            return
+        if known and known[0].error_code != _UNKNOWN_TOPIC_OR_PARTITION:
+            raise _broker_error("Metadata", known[0].error_code, self.topic)
+        brokers = {b.node_id: (b.host, b.port) for b in metadata.brokers}
+        target = brokers.get(metadata.controller_id) or next(iter(brokers.values()), None)
+        if target is None:
+            raise StoreError("no broker known to create the quota topic")
+        async with await self._cluster.dialer.open(target, self._timeout_s) as conn:
+            version = min(conn.api_versions.get(CreateTopicsRequest.API_KEY, (0, 0))[1], 7)
+            T = CreateTopicsRequest[version].CreatableTopic
+            C = T.CreatableTopicConfig
+            topic = T(name=self.topic, num_partitions=1, replication_factor=min(3, len(brokers)), assignments=[],
+                      configs=[C(name="cleanup.policy", value="compact")])
+            resp = await conn.round_trip(CreateTopicsRequest[version](topics=[topic],
+                                                                      timeout_ms=int(self._timeout_s * 1000),
+                                                                      validate_only=False))
+        code = resp.topics[0].error_code
+        if code not in (0, _TOPIC_ALREADY_EXISTS):
+            raise _broker_error("CreateTopics", code, resp.topics[0].error_message or self.topic)
+        if code == 0:
+            log.info("created the quota topic %s (compacted, replication factor %d)", self.topic,
+                     min(3, len(brokers)))
+        self._created = True
+
+    def _failed(self, op: str, exc: BaseException) -> None:
+        self.errors[op] += 1
+        self.last_errors[op] = _text(exc)
+        self._cluster.dialer.log_failure(f"quota_store_{op}", logging.WARNING, "quota topic %s: %s failed: %s; "
+                                         "the quotas last read stay in force", self.topic, op, _text(exc))
+
+
+def _text(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__
+
+
+class QuotaStoreCollector:
+    """``kqp_quota_store_*``: where the follower is, and what failed."""
+
+    def __init__(self, store: TopicStore) -> None:
+        self._store = store
+
+    def collect(self):
+        s = self._store
+        yield GaugeMetricFamily("kqp_quota_store_last_applied_offset",
+                                "Offset of the last quota topic record read (-1: none)", value=s.last_applied_offset)
+        yield GaugeMetricFamily("kqp_quota_store_lag_records",
+                                "Quota topic records not read yet (high watermark - next offset)",
+                                value=max(s.high_watermark - s.next_offset, 0))
+        yield GaugeMetricFamily("kqp_quota_store_loaded", "1 once the quota topic was read to its end at start",
+                                value=1 if s.loaded.is_set() else 0)
+        errors = CounterMetricFamily("kqp_quota_store_errors", "Quota topic operations that failed", labels=["op"])
+        for op in ("create", "read", "write"):
+            errors.add_metric([op], s.errors[op])
+        yield errors
+        bad = CounterMetricFamily("kqp_quota_store_bad_records", "Quota topic records ignored (unreadable)",
+                                  labels=["reason"])
+        for reason, n in sorted(s.bad_records.items()):
+            bad.add_metric([reason], n)
+        yield bad
