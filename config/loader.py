@@ -265,6 +265,12 @@ def _quota_entities(data: Any, path: str) -> QuotaEntities:
     )
 
 
+def parse_quotas(data: Any, path: str = "quotas") -> tuple[QuotaRule, ...]:
+    """A configuration's ``quotas:`` list (as YAML loaded it) as rules; ConfigError naming the
+    YAML path (``quotas[2].user``) otherwise. Public for ``kafka-quota-proxy quotas apply``."""
+    return _quotas(data, path)
+
+
 def _quotas(data: Any, path: str) -> tuple[QuotaRule, ...]:
     if data is None:
         return ()

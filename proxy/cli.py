@@ -1,4 +1,4 @@
-"""``kafka-quota-proxy``: run, check-config, demo."""
+"""``kafka-quota-proxy``: run, check-config, demo, report, generate-usage, quotas."""
 
 from __future__ import annotations
 
@@ -47,6 +47,10 @@ def _parser() -> argparse.ArgumentParser:
         "report", help="turn a usage log into demand tables, recommended quotas, a what-if replay and "
                        "an HTML report (PySpark)"))
     generate.add_arguments(sub.add_parser("generate-usage", help="write sample multi-tenant usage for report"))
+    from . import quotas_cli
+
+    quotas_cli.add_arguments(sub.add_parser(
+        "quotas", help="describe, set, delete, apply or export a running proxy's quotas (quota_admin)"))
     for sp in (run, demo):
         sp.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
         sp.add_argument("--log-format", default="text", choices=["text", "json"])
@@ -70,6 +74,10 @@ def main(argv: list[str] | None = None) -> int:
         from pipeline.report import main as report_main
 
         return report_main(args)
+    if args.command == "quotas":
+        from .quotas_cli import main as quotas_main
+
+        return quotas_main(args)
     if args.command == "generate-usage":
         from pipeline.generate import main as generate_main
 
