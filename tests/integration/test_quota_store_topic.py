@@ -5,6 +5,7 @@ cannot be reached makes an Alter fail retriably while the quotas in force stay.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 import urllib.request
@@ -18,6 +19,7 @@ from tests.support.inproc import InProcessProxy
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 REQUEST_TIMED_OUT = 7
+CHANGES = int(os.environ.get("KQP_PROPAGATION_CHANGES", "20"))
 FILE_QUOTAS = [{"user": "carol", "request_rate": 100}]
 ALICE = (("user", "alice"),)
 ANON = (("user", "ANONYMOUS"),)
@@ -53,9 +55,10 @@ def test_an_alter_through_one_instance_is_in_force_on_the_other_within_a_second(
         finally:
             producer.close()
         assert b.metric("kqp_quota_bound", kind="producer_byte_rate", user="ANONYMOUS") == 1048576
-        # Propagation over 20 changes (the issue: in force everywhere within one second).
+        # Propagation (the issue: in force everywhere within one second); 20 changes in CI,
+        # KQP_PROPAGATION_CHANGES=100 for the closing note's measurement.
         delays = []
-        for i in range(20):
+        for i in range(CHANGES):
             value = float(1000 + i)
             start = time.monotonic()
             assert ca.alter(1, [(ALICE, [set_("request_rate", value)])]) == [(ALICE, 0, None)]
@@ -66,7 +69,7 @@ def test_an_alter_through_one_instance_is_in_force_on_the_other_within_a_second(
               f"max {max(delays) * 1000:.0f} ms")
         assert max(delays) < 1.0
         assert b.metric("kqp_quota_store_lag_records") == 0
-        assert b.metric("kqp_quota_store_last_applied_offset") >= 20
+        assert b.metric("kqp_quota_store_last_applied_offset") >= CHANGES
         ca.close()
         cb.close()
     finally:
