@@ -12,7 +12,7 @@ With ``--tls-cert``/``--tls-key`` the listener terminates TLS (the event loop's 
 ``create_server(ssl=...)``; the context is built as proxy/tls.py's ``server_tls`` builds it:
 PROTOCOL_TLS_SERVER, TLS 1.2 at least, no client certificates) and the broker side stays
 plaintext. The protocol classes are the same either way, so the plaintext path is unchanged.
-With TLS the pump also raises glibc's mmap threshold (see ``_malloc_for_tls``).
+With TLS the pump raises glibc's mmap threshold as the proxy does (``proxy.tls.tune_malloc_for_tls``).
 
 The ready file gets ``{"pid", "bootstrap": [host, port]}`` once the pump listens.
 """
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
 import json
 import os
 import resource
@@ -29,6 +28,8 @@ import signal
 import socket
 import ssl
 from pathlib import Path
+
+from proxy.tls import tune_malloc_for_tls
 
 HIGH_WATER = 1 << 20  # bytes buffered towards one peer before we stop reading the other
 LOW_WATER = 1 << 18
@@ -119,26 +120,6 @@ class _Client(_Side):
             up.transport.write(chunk)
 
 
-# mallopt(3) parameters
-_M_TRIM_THRESHOLD = -1
-_M_MMAP_THRESHOLD = -3
-
-
-def _malloc_for_tls() -> None:
-    """uvloop's TLS layer reads with ``SSLObject.read(256 KiB)``: a 256 KiB bytes object for
-    every read, shrunk to what came. glibc serves a block that large with its own mmap until a
-    freed block has raised its mmap threshold (128 KiB at start) above that, so until then every
-    TLS read costs an mmap, an mremap and a munmap (and the page faults), about 15-25 us of
-    CPU per round trip here. The proxy's start-up happens to raise the threshold; the pump's does
-    not. Both set as glibc would after freeing a 1 MiB block (glibc only; elsewhere a no-op)."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(_M_MMAP_THRESHOLD, 1 << 20)
-        libc.mallopt(_M_TRIM_THRESHOLD, 2 << 20)
-    except (OSError, AttributeError):
-        pass
-
-
 def server_context(cert_file: str, key_file: str) -> ssl.SSLContext:
     """The proxy's server context (proxy/tls.py ``server_tls``, client_auth none)."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -190,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     tls = None
     if args.tls_cert:
         tls = server_context(args.tls_cert, args.tls_key)
-        _malloc_for_tls()
+        tune_malloc_for_tls()  # as the proxy does with TLS on
     raise_nofile()
     coro = serve(_hostport(args.listen), _hostport(args.upstream), args.ready_file, tls)
     if not args.no_uvloop:

@@ -15,7 +15,6 @@ import socket
 import struct
 import subprocess
 import tempfile
-import time
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -127,21 +126,8 @@ class LocalTansu:
     def _wait_ready(self, port: int, timeout_s: float) -> str | None:
         """None when Tansu's own process listens on ``port`` and answers ApiVersions."""
         assert self.process is not None
-        deadline = time.monotonic() + timeout_s
-        delay = 0.005
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                return f"Tansu exited with code {self.process.returncode}"
-            listening = procnet.listening_inodes(port)
-            if listening:
-                if not listening & procnet.socket_inodes(self.process.pid):
-                    return "port held by another process"
-                if api_versions_ping(self.host, port):
-                    return None
-            # A child binding its port raises no event we could wait on: back off briefly.
-            time.sleep(delay)
-            delay = min(delay * 2, 0.1)
-        return f"not ready after {timeout_s} s"
+        return procnet.wait_serving(self.process, port, lambda: api_versions_ping(self.host, port), "Tansu",
+                                    timeout_s)
 
     def log_tail(self, max_bytes: int = 4000) -> str:
         try:

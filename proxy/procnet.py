@@ -11,6 +11,7 @@ import ipaddress
 import os
 import socket
 import struct
+import time
 from pathlib import Path
 
 TCP_LISTEN = "0A"
@@ -86,3 +87,24 @@ def owner_of(inode: str, candidate_pids=()) -> int | None:
         if name.isdigit() and inode in socket_inodes(int(name)):
             return int(name)
     return None
+
+
+def wait_serving(process, port: int, answers, what: str, timeout_s: float) -> str | None:
+    """None once ``process`` (a Popen) holds the socket listening on ``port`` and ``answers()``
+    is true; else why not: it exited, another process holds the port, or the time ran out."""
+    deadline = time.monotonic() + timeout_s
+    delay = 0.005
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            return f"{what} exited with code {process.returncode}"
+        listening = listening_inodes(port)
+        if listening:
+            if not listening & socket_inodes(process.pid):
+                return "port held by another process"
+            if answers():
+                return None
+        # A child binding its port raises no event we could wait on: back off briefly.
+        time.sleep(delay)
+        delay = min(delay * 2, 0.1)
+    return f"not ready after {timeout_s} s"
+

@@ -27,7 +27,6 @@ import ssl
 import struct
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
@@ -208,21 +207,9 @@ class TlsTansu:
     def _wait_ready(self, port: int, timeout_s: float) -> str | None:
         """None when stunnel's own process listens on ``port`` and ApiVersions over TLS works."""
         assert self.process is not None
-        deadline = time.monotonic() + timeout_s
-        delay = 0.005
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                return f"stunnel exited with code {self.process.returncode}"
-            listening = procnet.listening_inodes(port)
-            if listening:
-                if not listening & procnet.socket_inodes(self.process.pid):
-                    return "port held by another process"
-                if tls_api_versions_ping(self.host, port, self.probe_client):
-                    return None
-            # A child binding its port raises no event we could wait on: back off briefly.
-            time.sleep(delay)
-            delay = min(delay * 2, 0.1)
-        return f"not ready after {timeout_s} s"
+        return procnet.wait_serving(self.process, port, lambda: tls_api_versions_ping(self.host, port,
+                                                                                      self.probe_client),
+                                    "stunnel", timeout_s)
 
     def log_tail(self, max_bytes: int = 4000) -> str:
         """The end of stunnel's log (its connections, handshake failures, startup errors)."""
