@@ -18,6 +18,13 @@ shares the quotas set through the Admin API, and they outlive restarts.
   land, and is then applied by the follower, as in Kafka a timed-out request may have
   succeeded). Records carry the whole entity, so a write repeated under a new producer id
   after a failure is harmless.
+- **A deleted topic** (Metadata answers UNKNOWN_TOPIC_OR_PARTITION, or the topic id
+  changed: replaced by another of the same name) is noticed when the follower reconnects, at
+  least every ``topic_check_s``, and before every write, so a write never lands in a topic
+  that is gone. The quotas in force stay; the topic is recreated, read from its start (another
+  instance may have recreated and refilled it), and the entities it lacks are written back
+  from the quotas in force, so deleting the topic loses nothing. Alters answer
+  :class:`StoreUnavailable` until that is done; ``kqp_quota_store_topic_lost_total`` counts it.
 - **Failures** are counted in ``kqp_quota_store_errors_total{op=create|read|write}``, logged
   at most once a minute per kind, and named in :meth:`TopicStore.state`; the last quotas read
   stay in force meanwhile.
@@ -30,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from types import MappingProxyType
@@ -50,7 +58,7 @@ from . import quota_topic
 from .cluster import Cluster
 from .dialer import OwnConnection
 from .quota_store import Overlay, StoreUnavailable, merge
-from .refresh import fetch_topic_metadata
+from .refresh import fetch_topic_metadata, topic_metadata
 
 log = logging.getLogger(__name__)
 
@@ -59,10 +67,15 @@ _UNKNOWN_TOPIC_OR_PARTITION = 3
 _TOPIC_ALREADY_EXISTS = 36
 _FETCH_WAIT_MS = 500  # a change made through another instance is in force within a second
 _MAX_BACKOFF_S = 2.0
+_TOPIC_CHECK_S = 5.0  # how often the follower asks whether its topic still exists
 
 
 class StoreError(ConnectionError):
     """The broker answered the store with an error (retried like a lost connection)."""
+
+
+class TopicLost(StoreError):
+    """The quota topic was deleted or replaced: it is being recreated and refilled."""
 
 
 def _broker_error(api: str, code: int, detail: str = "") -> StoreError:
@@ -87,7 +100,12 @@ class TopicStore:
         self.bad_records: Counter[str] = Counter()  # reason -> records ignored
         self.last_errors: dict[str, str] = {}  # op -> its last failure, until it next succeeds
         self.loaded = asyncio.Event()
-        self._created = False
+        self._created = False  # the topic is known to exist
+        self._topic_id: uuid.UUID | None = None  # the topic read (None: not known yet, or no ids)
+        self._generation = 0  # bumped when the topic is lost: answers about the old one are dropped
+        self._restoring: set[QuotaEntity] | None = None  # entities to write back to a recreated topic
+        self.topic_lost = 0  # times the topic was found deleted or replaced
+        self.topic_check_s = _TOPIC_CHECK_S
         self._writes = asyncio.Lock()
         self._producer: OwnConnection | None = None
         self._producer_state = (-1, -1, 0)  # producer id, epoch, next sequence
@@ -113,15 +131,21 @@ class TopicStore:
 
     async def commit(self, changes: Sequence[QuotaChange]) -> None:
         async with self._writes:
-            followed = self._followed
+            followed, generation = self._followed, self._generation
             new: dict[QuotaEntity, dict[str, float | None]] = {}
             for change in changes:
                 new.setdefault(change.entity, dict(self._overlay.get(change.entity, {})))[change.key] = change.new
             records = [quota_topic.encode(entity, values) for entity, values in new.items()]
+            if not self._created or self._restoring is not None:
+                raise StoreUnavailable(self._being_recreated())
             try:
                 async with asyncio.timeout(2 * self._timeout_s):
-                    base_offset = await self._produce(records)
+                    base_offset = await self._produce(records, check_topic=True)
+                if self._generation != generation:
+                    raise TopicLost(f"the topic {self.topic} was deleted during the write")
             except (OSError, TimeoutError, asyncio.IncompleteReadError, ConnectionError, ValueError) as exc:
+                if self._generation != generation:  # TopicLost, or a producer closed by the follower's
+                    raise StoreUnavailable(self._being_recreated()) from exc
                 self._failed("write", exc)
                 self._close_producer()
                 raise StoreUnavailable(f"the quota topic {self.topic} could not be written "
@@ -132,6 +156,12 @@ class TopicStore:
             if self._followed != followed:
                 # Another instance's change was put in force meanwhile, without these: both now.
                 self._on_change()
+
+    def _being_recreated(self) -> str:
+        if not self.topic_lost:
+            return f"the quota topic {self.topic} is being created; nothing changed, retry later"
+        return (f"the quota topic {self.topic} was deleted; the proxy is recreating it and writing back the quotas "
+                "in force; nothing changed, retry later")
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -159,6 +189,9 @@ class TopicStore:
         if not self.loaded.is_set():
             return False, where + f"not read yet ({self._errors_text() or 'reading'})"
         line = f"read to offset {self.next_offset}, lag {lag}"
+        if self._restoring is not None:
+            line = (f"topic deleted, recreating it and writing back {len(self._restoring)} entities "
+                    f"(the quotas in force stay); " + line)
         if self.last_errors:
             line += f"; failing: {self._errors_text()}"
         return True, where + line
@@ -175,22 +208,34 @@ class TopicStore:
                 if not self._created:
                     await self._ensure_topic()
                 leader = await self._leader()
+                generation = self._generation
                 async with await self._cluster.dialer.open(leader, self._timeout_s) as conn:
                     async with asyncio.timeout(self._timeout_s):
                         self.high_watermark = await self._end_offset(conn)
+                    checked_at = time.monotonic()
                     while True:
+                        if time.monotonic() - checked_at >= self.topic_check_s:
+                            # A deleted topic may still answer Fetch with nothing (Tansu 0.6 does).
+                            async with asyncio.timeout(self._timeout_s):
+                                self._inspect(await topic_metadata(conn, [self.topic], []))
+                            checked_at = time.monotonic()
                         # Tansu 0.6 answers a Fetch with max_wait_ms 0 with no data at all, even
                         # below the high watermark: the first reads wait a little too.
                         wait_ms = _FETCH_WAIT_MS if self.loaded.is_set() else 50
                         async with asyncio.timeout(self._timeout_s + wait_ms / 1000):
-                            await self._fetch_once(conn, wait_ms)
+                            await self._fetch_once(conn, wait_ms, generation)
                         self.last_errors.pop("read", None)
                         self.last_errors.pop("create", None)
                         backoff_s = 0.25
-                        if not self.loaded.is_set() and self.next_offset >= self.high_watermark:
-                            log.info("quota topic %s read: %d entities, %d values set or removed through the "
-                                     "Admin API", self.topic, len(self._overlay), len(self))
-                            self.loaded.set()
+                        if self.next_offset >= self.high_watermark:
+                            if self._restoring is not None:
+                                await self._restore()
+                            if not self.loaded.is_set():
+                                log.info("quota topic %s read: %d entities, %d values set or removed through "
+                                         "the Admin API", self.topic, len(self._overlay), len(self))
+                                self.loaded.set()
+            except TopicLost:
+                await asyncio.sleep(0.1)  # recreated at once by the next round
             except (OSError, TimeoutError, asyncio.IncompleteReadError, ConnectionError, ValueError) as exc:
                 self._failed("read" if self._created else "create", exc)
                 await asyncio.sleep(backoff_s)
@@ -218,7 +263,7 @@ class TopicStore:
                     return int(part.offset)
         raise StoreError("ListOffsets answered nothing for partition 0")
 
-    async def _fetch_once(self, conn: OwnConnection, wait_ms: int) -> None:
+    async def _fetch_once(self, conn: OwnConnection, wait_ms: int, generation: int) -> None:
         version = min(conn.api_versions.get(FetchRequest.API_KEY, (0, 0))[1], 12)  # v13+: topic ids
         if version < 4:
             raise StoreError(f"the broker offers no Fetch version >= 4 ({version})")
@@ -230,6 +275,8 @@ class TopicStore:
                                         topics=[T(topic=self.topic, partitions=[fp])],
                                         forgotten_topics_data=[], rack_id="")
         resp = await conn.round_trip(request)
+        if generation != self._generation:
+            raise TopicLost(f"the topic {self.topic} was deleted")  # what was read is the old topic's
         if getattr(resp, "error_code", 0):
             raise _broker_error("Fetch", resp.error_code)
         parts = [p for t in resp.responses for p in t.partitions if p.partition_index == 0]
@@ -265,6 +312,8 @@ class TopicStore:
             self._cluster.dialer.log_failure("quota_record", logging.WARNING,
                                              "quota topic %s: record at offset %d ignored: %s", self.topic, offset, exc)
             return False
+        if self._restoring is not None:
+            self._restoring.discard(entity)  # the recreated topic has it: its word stands
         if self._applied_at.get(entity, -1) >= offset:
             return False  # this instance's own write, applied when it was acknowledged
         return self._set(entity, values or {}, offset)
@@ -282,9 +331,12 @@ class TopicStore:
 
     # -- writing --------------------------------------------------------------------------
 
-    async def _produce(self, records: list[tuple[bytes, bytes | None]]) -> int:
-        """Writes ``records`` as one batch; the offset of the first."""
+    async def _produce(self, records: list[tuple[bytes, bytes | None]], check_topic: bool = False) -> int:
+        """Writes ``records`` as one batch; the offset of the first. ``check_topic``: first ask
+        whether the topic still exists (a broker may acknowledge a write to a deleted topic)."""
         conn = await self._producer_connection()
+        if check_topic:
+            self._inspect(await topic_metadata(conn, [self.topic], []))
         producer_id, epoch, sequence = self._producer_state
         builder = MemoryRecordsBuilder(2, 0, 1 << 30, producer_id=producer_id, producer_epoch=epoch,
                                        base_sequence=sequence if producer_id >= 0 else -1)
@@ -348,14 +400,55 @@ class TopicStore:
         raise ConnectionError("no bootstrap server")
 
     async def _leader(self) -> tuple[str, int]:
-        metadata = await self._metadata()
+        return self._inspect(await self._metadata())
+
+    def _inspect(self, metadata: Any) -> tuple[str, int]:
+        """The leader of the topic's partition 0 per ``metadata``; raises TopicLost (after
+        :meth:`_lost`) when the topic is gone or is not the one read so far."""
         brokers = {b.node_id: (b.host, b.port) for b in metadata.brokers}
         for topic in metadata.topics:
-            if topic.name == self.topic and not topic.error_code:
-                for p in topic.partitions:
-                    if p.partition_index == 0 and p.leader_id in brokers:
-                        return brokers[p.leader_id]
+            if topic.name != self.topic:
+                continue
+            if topic.error_code == _UNKNOWN_TOPIC_OR_PARTITION:
+                self._lost("was deleted")
+            if topic.error_code:
+                raise _broker_error("Metadata", topic.error_code, self.topic)
+            topic_id = getattr(topic, "topic_id", None)
+            topic_id = topic_id if topic_id and topic_id.int else None  # before Metadata v10: no ids
+            if self._topic_id is not None and topic_id is not None and topic_id != self._topic_id:
+                self._lost("was replaced by a new topic of the same name")
+            self._topic_id = self._topic_id or topic_id
+            for p in topic.partitions:
+                if p.partition_index == 0 and p.leader_id in brokers:
+                    return brokers[p.leader_id]
         raise StoreError(f"no leader known for {self.topic}-0")
+
+    def _lost(self, what: str) -> None:
+        """The topic read so far is gone: keep the quotas in force, read the new one from its
+        start, and write back what it lacks (:meth:`_restore`)."""
+        self.topic_lost += 1
+        self._created, self._topic_id = False, None
+        self._generation += 1
+        self._restoring = set(self._overlay)
+        self.next_offset, self.high_watermark = 0, 0
+        self._applied_at.clear()
+        self._close_producer()  # its producer id and sequences belonged to the old partition
+        log.warning("quota topic %s %s: the quotas in force stay; recreating it and writing back %d entities",
+                    self.topic, what, len(self._restoring))
+        raise TopicLost(f"the topic {self.topic} {what}")
+
+    async def _restore(self) -> None:
+        """Writes back the entities the recreated topic lacks, as they are in force here."""
+        async with self._writes:
+            entities = [e for e in sorted(self._restoring or (), key=quota_topic.entity_key) if e in self._overlay]
+            if entities:
+                async with asyncio.timeout(2 * self._timeout_s):
+                    base_offset = await self._produce([quota_topic.encode(e, self._overlay[e]) for e in entities])
+                for i, entity in enumerate(entities):
+                    self._applied_at[entity] = base_offset + i
+            self._restoring = None
+            log.warning("quota topic %s is back: %d entities written back (it had the others)", self.topic,
+                        len(entities))
 
     async def _ensure_topic(self) -> None:
         metadata = await self._metadata()
@@ -412,6 +505,9 @@ class QuotaStoreCollector:
                                 value=max(s.high_watermark - s.next_offset, 0))
         yield GaugeMetricFamily("kqp_quota_store_loaded", "1 once the quota topic was read to its end at start",
                                 value=1 if s.loaded.is_set() else 0)
+        yield CounterMetricFamily("kqp_quota_store_topic_lost", "Times the quota topic was found deleted or "
+                                  "replaced (then recreated, and the quotas in force written back)",
+                                  value=s.topic_lost)
         errors = CounterMetricFamily("kqp_quota_store_errors", "Quota topic operations that failed", labels=["op"])
         for op in ("create", "read", "write"):
             errors.add_metric([op], s.errors[op])

@@ -16,7 +16,7 @@ from kafka.protocol.metadata import MetadataRequest
 from protocol.apis import SPECS, ApiKey
 
 from .cluster import Cluster
-from .dialer import BrokerDialer
+from .dialer import BrokerDialer, OwnConnection
 from .stats import ProxyStats
 
 log = logging.getLogger(__name__)
@@ -45,13 +45,18 @@ async def fetch_topic_metadata(dialer: BrokerDialer, address: tuple[str, int], n
                                timeout_s: float):
     """The MetadataResponse (brokers and topics) for the given topic names and ids."""
     async with await dialer.open(address, timeout_s) as conn, asyncio.timeout(timeout_s):
-        version = min(conn.api_versions.get(ApiKey.METADATA, (0, 0))[1], SPECS[ApiKey.METADATA].max_version)
-        T = MetadataRequest[version].MetadataRequestTopic
-        topics = [T(name=n, topic_id=uuid.UUID(int=0)) for n in names]
-        if ids and version >= 10:
-            topics += [T(name=None, topic_id=i) for i in ids]
-        request = MetadataRequest[version](topics=topics, allow_auto_topic_creation=False)
-        return await conn.round_trip(request)
+        return await topic_metadata(conn, names, ids)
+
+
+async def topic_metadata(conn: OwnConnection, names: list[str], ids: list):
+    """The MetadataResponse for the given topic names and ids, asked on an open connection
+    (never creating a topic)."""
+    version = min(conn.api_versions.get(ApiKey.METADATA, (0, 0))[1], SPECS[ApiKey.METADATA].max_version)
+    T = MetadataRequest[version].MetadataRequestTopic
+    topics = [T(name=n, topic_id=uuid.UUID(int=0)) for n in names]
+    if ids and version >= 10:
+        topics += [T(name=None, topic_id=i) for i in ids]
+    return await conn.round_trip(MetadataRequest[version](topics=topics, allow_auto_topic_creation=False))
 
 
 async def fetch_num_partitions(dialer: BrokerDialer, address: tuple[str, int], node_id: int,

@@ -1,6 +1,7 @@
 """The quota store in a compacted topic, against a real Tansu: two proxy instances share the
-quotas set through AlterClientQuotas, a restarted instance gets them back, and a cluster that
-cannot be reached makes an Alter fail retriably while the quotas in force stay.
+quotas set through AlterClientQuotas, a restarted instance gets them back, a cluster that
+cannot be reached makes an Alter fail retriably while the quotas in force stay, and a deleted
+topic is recreated with the quotas in force.
 """
 
 from __future__ import annotations
@@ -11,8 +12,11 @@ import time
 import urllib.request
 
 import pytest
-from kafka import KafkaProducer
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.admin import KafkaAdminClient
 
+from proxy import quota_topic
+from quotas.client_quota_admin import QuotaEntity
 from tests.integration.test_client_quota_api import AdminConnection, remove, set_
 from tests.support.inproc import InProcessProxy
 
@@ -24,6 +28,7 @@ FILE_QUOTAS = [{"user": "carol", "request_rate": 100}]
 ALICE = (("user", "alice"),)
 ANON = (("user", "ANONYMOUS"),)
 CAROL = (("user", "carol"),)
+ALICE_ENTITY, ANON_ENTITY, CAROL_ENTITY = QuotaEntity(ALICE), QuotaEntity(ANON), QuotaEntity(CAROL)
 
 
 def instance(bootstrap: str) -> InProcessProxy:
@@ -138,3 +143,92 @@ def test_a_cluster_out_of_reach_fails_the_alter_retriably_and_keeps_the_quotas(r
         ca.close()
     finally:
         a.stop()
+
+
+def topic_contents(bootstrap: str, topic: str) -> dict:
+    """What a reader of ``topic`` from its start gets: the last record per entity."""
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest", consumer_timeout_ms=1500,
+                             enable_auto_commit=False)
+    try:
+        tp = TopicPartition(topic, 0)
+        consumer.assign([tp])
+        consumer.seek(tp, 0)
+        entities: dict = {}
+        for message in consumer:
+            entity, values = quota_topic.decode(message.key, message.value)
+            entities[entity] = values
+        return entities
+    finally:
+        consumer.close()
+
+
+def test_a_deleted_store_topic_is_recreated_and_the_quotas_in_force_written_back(tansu):
+    a, b = instance(tansu.bootstrap), instance(tansu.bootstrap)
+    admin = KafkaAdminClient(bootstrap_servers=tansu.bootstrap)
+    try:
+        # A notices the deletion only through the Alter below (its periodic check is pushed
+        # out); B through its periodic check (the default, every 5 s).
+        a.run(setattr, a.server.topic_store, "topic_check_s", 3600.0)
+        ca, cb = AdminConnection(a.address), AdminConnection(b.address)
+        assert ca.alter(1, [(ALICE, [set_("request_rate", 500)]), (ANON, [set_("producer_byte_rate", 1048576)]),
+                            (CAROL, [remove("request_rate")])]) == [(ALICE, 0, None), (ANON, 0, None),
+                                                                     (CAROL, 0, None)]
+        before = ca.quotas(1)
+        assert before[ALICE] == {"request_rate": 500.0} and CAROL not in before
+        assert seen_within(cb, ALICE, {"request_rate": 500.0}, 1.0) is not None
+        assert cb.quotas(1) == before
+
+        admin.delete_topics(["__kqp_client_quotas"])
+        # Tansu acknowledges a Produce to a deleted topic: the store asks before it writes.
+        answered = ca.alter(1, [(ALICE, [set_("request_rate", 600)])])
+        assert [(e, code) for e, code, _ in answered] == [(ALICE, REQUEST_TIMED_OUT)]
+        assert "was deleted; the proxy is recreating it" in answered[0][2]
+        assert a.metric("kqp_quota_store_topic_lost_total") == 1
+        # The quotas in force stay on both instances, described and enforced.
+        for proxy, conn in ((a, ca), (b, cb)):
+            assert conn.quotas(1) == before
+            assert proxy.run(lambda p=proxy: [r.values for r in p.server.rules_in_force if r.user == "alice"]) == [
+                {"request_rate": 500.0}]
+
+        # The topic is back with every entity in force, the file-masking removal included.
+        deadline = time.monotonic() + 15
+        while True:
+            contents = topic_contents(tansu.bootstrap, "__kqp_client_quotas")
+            if contents.keys() >= {ALICE_ENTITY, ANON_ENTITY, CAROL_ENTITY} or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert contents[ALICE_ENTITY] == {"request_rate": 500.0}
+        assert contents[ANON_ENTITY] == {"producer_byte_rate": 1048576.0}
+        assert contents[CAROL_ENTITY] == {"request_rate": None}
+        # B noticed by itself within its periodic check (deleted, or replaced by A's new topic).
+        deadline = time.monotonic() + 10
+        while b.metric("kqp_quota_store_topic_lost_total") == 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert b.metric("kqp_quota_store_topic_lost_total") == 1
+        for proxy in (a, b):
+            deadline = time.monotonic() + 10
+            while "recreating" in healthz(proxy) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert "recreating" not in healthz(proxy), healthz(proxy)
+
+        # Changes flow again both ways, within a second.
+        assert ca.alter(1, [(ALICE, [set_("request_rate", 700)])]) == [(ALICE, 0, None)]
+        assert seen_within(cb, ALICE, {"request_rate": 700.0}, 1.0) is not None
+        assert cb.alter(1, [(ANON, [remove("producer_byte_rate")])]) == [(ANON, 0, None)]
+        assert seen_within(ca, ANON, None, 1.0) is not None
+        after = ca.quotas(1)
+        assert cb.quotas(1) == after
+        ca.close()
+        cb.close()
+    finally:
+        admin.close()
+        a.stop()
+        b.stop()
+    # A new instance reads the recreated topic alone and gets the same quotas.
+    c = instance(tansu.bootstrap)
+    try:
+        cc = AdminConnection(c.address)
+        assert cc.quotas(1) == after
+        cc.close()
+    finally:
+        c.stop()
