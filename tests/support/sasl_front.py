@@ -15,7 +15,10 @@ frames until the first request that is not about SASL.
   raw frames, as Kafka does it. A failed exchange is answered SASL_AUTHENTICATION_FAILED (58)
   with a message, and the connection is then closed, as a broker closes it.
 - Any other request, and everything after it in both directions, is relayed byte for byte.
-  Authentication is optional: a connection that never authenticates is relayed too.
+  Authentication is optional: a connection that never authenticates is relayed too, unless
+  ``require_authentication``: then, as on a Kafka SASL listener (``SaslServerAuthenticator``:
+  "Unexpected Kafka request of type ... during SASL handshake"), such a request closes the
+  connection, recorded as ``refused_api``.
 
 Tansu must advertise the front's port, so that clients reach every broker through it:
 
@@ -61,6 +64,7 @@ MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 SASL_API_VERSIONS = {ApiKey.SASL_HANDSHAKE: (0, 1), ApiKey.SASL_AUTHENTICATE: (0, 2)}
 
 _INT32 = struct.Struct(">i")
+_BEFORE_AUTHENTICATION = (ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE)
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,7 @@ class FrontConnection:
     user: str | None = None  # set once an exchange succeeded; None: never authenticated
     rejected_user: str | None = None  # the user name of an exchange that failed
     relayed: bool = False  # a non-SASL request arrived and the connection went to byte relay
+    refused_api: int | None = None  # require_authentication: the request that closed it unauthenticated
 
 
 class SaslError(Exception):
@@ -185,7 +190,7 @@ class SaslFront(ThreadedServer):
 
     def __init__(self, users: dict[str, str], host: str = "127.0.0.1",
                  target: tuple[str, int] | None = None, mechanisms: tuple[str, ...] = MECHANISMS,
-                 max_frame_bytes: int = 100 * 1024 * 1024) -> None:
+                 max_frame_bytes: int = 100 * 1024 * 1024, require_authentication: bool = False) -> None:
         unknown = set(mechanisms) - set(MECHANISMS)
         if unknown:
             raise ValueError(f"unsupported mechanisms {sorted(unknown)}; the front knows {MECHANISMS}")
@@ -193,6 +198,7 @@ class SaslFront(ThreadedServer):
         self.users = dict(users)
         self.mechanisms = tuple(mechanisms)
         self.max_frame_bytes = max_frame_bytes
+        self.require_authentication = require_authentication
         self._connections: list[FrontConnection] = []
 
     # -- what tests read ------------------------------------------------------------------
@@ -278,6 +284,10 @@ class SaslFront(ThreadedServer):
                 header = parse_request_header(frame)
             except HeaderError:
                 return _INT32.pack(len(frame)) + frame
+            if self.require_authentication and header.api_key not in _BEFORE_AUTHENTICATION and (
+                    exchange is None or not exchange.done):
+                self._update(index, refused_api=header.api_key)
+                raise _Closed
             if header.api_key == ApiKey.API_VERSIONS:
                 await self._api_versions(header, frame, writer, up_reader, up_writer)
             elif header.api_key == ApiKey.SASL_HANDSHAKE:
