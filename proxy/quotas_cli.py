@@ -12,13 +12,18 @@ Connection security, as kafka-configs.sh's ``--command-config``: a Java-style pr
 with ``security.protocol`` (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL), ``ssl.ca.location`` (or
 ``ssl.truststore.location`` naming a PEM file), ``ssl.certificate.location`` /
 ``ssl.key.location``, ``ssl.endpoint.identification.algorithm`` (empty: no host name check),
-``sasl.mechanism`` (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512), ``sasl.username``, ``sasl.password``.
+``sasl.mechanism`` (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER). PLAIN and SCRAM take
+their credentials from Java's ``sasl.jaas.config`` (``PlainLoginModule`` / ``ScramLoginModule``
+``username=`` and ``password=``), so the file kafka-configs.sh uses works as it is, or from
+librdkafka's ``sasl.username`` / ``sasl.password``; OAUTHBEARER sends the token read from the
+file ``sasl.oauthbearer.token.file`` names (the proxy's own key: the CLI fetches no tokens).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import ssl
 import sys
 from collections.abc import Sequence
@@ -45,7 +50,9 @@ from .tls import client_tls
 VERSION = 1  # of both APIs; every proxy with quota_admin answers v0 and v1
 TIMEOUT_S = 30.0
 _PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
-_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
+# One option of a JAAS login module entry: key=value or key="quoted value" (JaasConfig's syntax).
+_JAAS_OPTION = re.compile(r'([A-Za-z_][\w.]*)\s*=\s*("(?:[^"\\]|\\.)*"|[^\s;"]+)')
 # YAML key of an entity type (the config's spelling) and back.
 _YAML_KEY = {USER: "user", CLIENT_ID: "client_id"}
 
@@ -140,22 +147,50 @@ class Security:
 
 
 def read_properties(path: str) -> dict[str, str]:
-    """A Java properties file, simply: ``key=value`` or ``key: value`` lines, ``#`` / ``!`` comments."""
+    """A properties file as ``java.util.Properties.load`` reads it: ``#`` / ``!`` comment lines,
+    a line ending in an odd number of backslashes continued on the next, the key ended by the
+    first unescaped ``=``, ``:`` or white space, and backslash escapes undone in keys and values."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise CliError(f"--command-config: cannot read {path}: {exc.strerror}", 2) from exc
     props: dict[str, str] = {}
-    for line in text.splitlines():
-        line = line.strip()
+    lines = iter(text.splitlines())
+    for raw in lines:
+        line = raw.lstrip(" \t\f")
         if not line or line[0] in "#!":
             continue
-        cut = min((i for i in (line.find("="), line.find(":")) if i >= 0), default=-1)
-        if cut < 0:
-            props[line] = ""
-        else:
-            props[line[:cut].strip()] = line[cut + 1:].strip()
+        while _continued(line):
+            line = line[:-1] + next(lines, "").lstrip(" \t\f")
+        key, value = _split_property(line)
+        props[_unescape(key)] = _unescape(value)
     return props
+
+
+def _continued(line: str) -> bool:
+    return (len(line) - len(line.rstrip("\\"))) % 2 == 1
+
+
+def _split_property(line: str) -> tuple[str, str]:
+    i = 0
+    while i < len(line) and line[i] not in "=: \t\f":
+        i += 2 if line[i] == "\\" else 1
+    key, rest = line[:i], line[i:].lstrip(" \t\f")
+    if rest[:1] in ("=", ":"):
+        rest = rest[1:].lstrip(" \t\f")
+    return key, rest
+
+
+_ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}
+
+
+def _unescape(text: str) -> str:
+    def one(m: re.Match[str]) -> str:
+        c = m.group(1)
+        if len(c) == 5:  # \uXXXX
+            return chr(int(c[1:], 16))
+        return _ESCAPES.get(c, c)
+    return re.sub(r"\\(u[0-9a-fA-F]{4}|.)", one, text)
 
 
 def security(path: str | None) -> Security:
@@ -185,10 +220,42 @@ def security(path: str | None) -> Security:
         mechanism = props.get("sasl.mechanism", "PLAIN").upper()
         if mechanism not in _MECHANISMS:
             raise CliError(f"{path}: sasl.mechanism must be one of {', '.join(_MECHANISMS)}, got {mechanism!r}", 2)
-        if "sasl.username" not in props or "sasl.password" not in props:
-            raise CliError(f"{path}: {protocol} needs sasl.username and sasl.password", 2)
-        sasl = SaslCredentials(mechanism, props["sasl.username"], props["sasl.password"])
+        sasl = _sasl_credentials(path, protocol, mechanism, props)
     return Security(tls, sasl)
+
+
+def _sasl_credentials(path: str, protocol: str, mechanism: str, props: dict[str, str]) -> SaslCredentials:
+    if mechanism == "OAUTHBEARER":
+        token_file = props.get("sasl.oauthbearer.token.file")
+        if not token_file:
+            raise CliError(f"{path}: OAUTHBEARER needs sasl.oauthbearer.token.file (a file holding the token)", 2)
+        try:
+            token = Path(token_file).read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise CliError(f"{path}: sasl.oauthbearer.token.file: cannot read {token_file}: {exc.strerror}", 2) from exc
+        if not token:
+            raise CliError(f"{path}: sasl.oauthbearer.token.file: {token_file} is empty", 2)
+        return SaslCredentials(mechanism, None, token)
+    username, password = props.get("sasl.username"), props.get("sasl.password")
+    if "sasl.jaas.config" in props:
+        options = jaas_options(props["sasl.jaas.config"])
+        username, password = options.get("username", username), options.get("password", password)
+    if username is None or password is None:
+        raise CliError(f"{path}: {protocol} with {mechanism} needs username and password in sasl.jaas.config "
+                       "(or sasl.username and sasl.password)", 2)
+    return SaslCredentials(mechanism, username, password)
+
+
+def jaas_options(entry: str) -> dict[str, str]:
+    """The options of one JAAS login module entry, as Kafka's ``JaasConfig`` reads
+    ``sasl.jaas.config``: ``<LoginModule class> <flag> key=value key="value" ... ;``."""
+    parts = entry.strip().rstrip(";").split(None, 2)
+    options: dict[str, str] = {}
+    for key, value in _JAAS_OPTION.findall(parts[2] if len(parts) > 2 else ""):
+        if value.startswith('"'):
+            value = re.sub(r"\\(.)", r"\1", value[1:-1])
+        options[key] = value
+    return options
 
 
 async def connect(bootstrap: str, sec: Security) -> OwnConnection:

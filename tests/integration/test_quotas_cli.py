@@ -6,6 +6,9 @@ unauthorized principal, and a quotas file with an error named by its YAML path.
 
 from __future__ import annotations
 
+import base64
+import json
+
 import pytest
 import yaml
 
@@ -170,3 +173,53 @@ def test_ssl_command_config_with_a_client_certificate(tansu, capsys, tmp_path, p
         # PLAINTEXT to a TLS listener: no answer, a connection error, exit 1.
         status, out, err = run(capsys, "quotas", "export", *b)
         assert (status, out) == (1, "") and "closed the connection without answering" in err
+
+
+def _unsecured_jwt(sub: str) -> str:
+    """An unsigned JWT as Kafka's OAuthBearerUnsecuredLoginCallbackHandler makes them."""
+    def part(obj: dict) -> str:
+        return base64.urlsafe_b64encode(json.dumps(obj).encode()).decode().rstrip("=")
+    return f"{part({'alg': 'none'})}.{part({'sub': sub, 'iat': 0, 'exp': 4102444800})}."
+
+
+@pytest.mark.parametrize("mechanism", ["SCRAM-SHA-512", "OAUTHBEARER"])
+def test_sasl_ssl_command_config_as_kafka_configs_writes_it(capsys, tmp_path, pki, mechanism):
+    """SASL over TLS to the proxy; SCRAM's credentials from Java's sasl.jaas.config (the file
+    kafka-configs.sh reads), OAUTHBEARER's token from sasl.oauthbearer.token.file."""
+    users = {"ops-admin": "admin-secret", "bob": "bob-secret"}
+    tokens = {_unsecured_jwt(user): user for user in users}
+    tls = {"certificate": pki.server.cert, "key": pki.server.key}
+    with tansu_behind_sasl_front(users, tokens=tokens, mechanisms=(mechanism,)) as behind, \
+            InProcessProxy([behind.bootstrap], listen={"tls": tls},
+                           quota_admin={"enabled": True, "store": "memory", "principals": ["ops-admin"]}) as p:
+        b = ("--bootstrap-server", p.bootstrap)
+
+        def command_config(user: str, token: str | None = None) -> str:
+            config = tmp_path / f"{user}.properties"
+            text = (f"security.protocol=SASL_SSL\nssl.truststore.type=PEM\nssl.truststore.location={pki.ca_file}\n"
+                    f"sasl.mechanism={mechanism}\n")
+            if mechanism == "OAUTHBEARER":
+                token_file = tmp_path / f"{user}.jwt"
+                token_file.write_text((token or _unsecured_jwt(user)) + "\n")
+                text += ("sasl.jaas.config=org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule "
+                         f"required;\nsasl.oauthbearer.token.file={token_file}\n")
+            else:
+                text += ("sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required \\\n"
+                         f"    username=\"{user}\" password=\"{token or users[user]}\";\n")
+            config.write_text(text)
+            return str(config)
+
+        status, out, _ = run(capsys, "quotas", "set", *b, "--command-config", command_config("ops-admin"),
+                             "--user", "carol", "--add", "request_rate=7")
+        assert (status, out) == (0, "user=carol: ok\n")
+        status, out, _ = run(capsys, "quotas", "set", *b, "--command-config", command_config("bob"),
+                             "--user", "carol", "--add", "request_rate=8")
+        assert (status, out) == (1, "user=carol: CLUSTER_AUTHORIZATION_FAILED (31): Cluster authorization failed.\n")
+        status, out, _ = run(capsys, "quotas", "describe", *b, "--command-config", command_config("ops-admin"),
+                             "--user", "carol")
+        assert (status, out) == (0, "quotas:\n- user: carol\n  request_rate: 7\n")
+        bad = "not-a-known-token" if mechanism == "OAUTHBEARER" else "wrong-password"
+        status, out, err = run(capsys, "quotas", "export", *b, "--command-config", command_config("eve", bad))
+        assert (status, out) == (1, "") and "SASL authentication failed" in err
+        assert bad not in err
+        assert {c.mechanism for c in behind.front.connections if c.user} == {mechanism}

@@ -11,9 +11,11 @@ frames until the first request that is not about SASL.
   SaslAuthenticate v0-2 added if Tansu left them out.
 - SaslHandshake (17) and SaslAuthenticate (36) are answered here, against ``users``
   ({name: password}), for PLAIN and SCRAM-SHA-256/512 (SCRAM's server side is
-  :class:`tests.support.sasl_broker.SaslScript`'s). After SaslHandshake v0 the tokens arrive as
-  raw frames, as Kafka does it. A failed exchange is answered SASL_AUTHENTICATION_FAILED (58)
-  with a message, and the connection is then closed, as a broker closes it.
+  :class:`tests.support.sasl_broker.SaslScript`'s), and for OAUTHBEARER when ``tokens``
+  ({bearer token: principal}) are given (RFC 7628's initial response; an unknown token
+  fails). After SaslHandshake v0 the tokens arrive as raw frames, as Kafka does it. A failed
+  exchange is answered SASL_AUTHENTICATION_FAILED (58) with a message, and the connection is
+  then closed, as a broker closes it.
 - Any other request, and everything after it in both directions, is relayed byte for byte.
   Authentication is optional: a connection that never authenticates is relayed too, unless
   ``require_authentication``: then, as on a Kafka SASL listener (``SaslServerAuthenticator``:
@@ -60,6 +62,7 @@ SASL_AUTHENTICATION_FAILED = 58
 UNSUPPORTED_SASL_MECHANISM = 33
 ILLEGAL_SASL_STATE = 34
 MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+KNOWN_MECHANISMS = (*MECHANISMS, "OAUTHBEARER")
 # What the front adds to Tansu's ApiVersions answer when Tansu leaves it out: (min, max).
 SASL_API_VERSIONS = {ApiKey.SASL_HANDSHAKE: (0, 1), ApiKey.SASL_AUTHENTICATE: (0, 2)}
 
@@ -95,8 +98,9 @@ class SaslExchange:
     the exchange has succeeded. Raises :class:`SaslError` when it fails.
     """
 
-    def __init__(self, users: dict[str, str], mechanism: str) -> None:
+    def __init__(self, users: dict[str, str], mechanism: str, tokens: dict[str, str] | None = None) -> None:
         self.users = users
+        self.tokens = tokens or {}
         self.mechanism = mechanism
         self.user: str | None = None
         self._claimed: str | None = None
@@ -114,7 +118,18 @@ class SaslExchange:
             raise SaslError("Authentication failed: the SASL exchange is already complete")
         if self.mechanism == "PLAIN":
             return self._plain(token)
+        if self.mechanism == "OAUTHBEARER":
+            return self._oauthbearer(token)
         return self._scram_step(token)
+
+    def _oauthbearer(self, token: bytes) -> bytes:
+        # RFC 7628: gs2-header, then \x01-separated key=value pairs with auth=Bearer <token>.
+        bearer = next((kv[12:] for kv in token.split(b"\x01") if kv.startswith(b"auth=Bearer ")), None)
+        user = self.tokens.get(bearer.decode("ascii", "replace")) if bearer is not None else None
+        if user is None:
+            raise SaslError("Authentication failed: invalid OAUTHBEARER token")
+        self.user = user
+        return b""
 
     def _plain(self, token: bytes) -> bytes:
         # RFC 4616: [authzid] NUL authcid NUL passwd.
@@ -190,15 +205,17 @@ class SaslFront(ThreadedServer):
 
     def __init__(self, users: dict[str, str], host: str = "127.0.0.1",
                  target: tuple[str, int] | None = None, mechanisms: tuple[str, ...] = MECHANISMS,
-                 max_frame_bytes: int = 100 * 1024 * 1024, require_authentication: bool = False) -> None:
-        unknown = set(mechanisms) - set(MECHANISMS)
+                 max_frame_bytes: int = 100 * 1024 * 1024, require_authentication: bool = False,
+                 tokens: dict[str, str] | None = None) -> None:
+        unknown = set(mechanisms) - set(KNOWN_MECHANISMS)
         if unknown:
-            raise ValueError(f"unsupported mechanisms {sorted(unknown)}; the front knows {MECHANISMS}")
+            raise ValueError(f"unsupported mechanisms {sorted(unknown)}; the front knows {KNOWN_MECHANISMS}")
         super().__init__(host, target)
         self.users = dict(users)
         self.mechanisms = tuple(mechanisms)
         self.max_frame_bytes = max_frame_bytes
         self.require_authentication = require_authentication
+        self.tokens = dict(tokens or {})
         self._connections: list[FrontConnection] = []
 
     # -- what tests read ------------------------------------------------------------------
@@ -294,7 +311,7 @@ class SaslFront(ThreadedServer):
                 req = decode_request(header.api_key, header.api_version, memoryview(frame)[header.body_offset :])
                 ok = req.mechanism in self.mechanisms and exchange is None
                 if ok:
-                    exchange = SaslExchange(self.users, req.mechanism)
+                    exchange = SaslExchange(self.users, req.mechanism, self.tokens)
                     self._update(index, mechanism=req.mechanism)
                 error = 0 if ok else (UNSUPPORTED_SASL_MECHANISM if exchange is None else ILLEGAL_SASL_STATE)
                 resp = SaslHandshakeResponse[header.api_version](error_code=error, mechanisms=list(self.mechanisms))

@@ -6,22 +6,37 @@ import pytest
 import yaml
 
 from proxy.cli import main
-from proxy.quotas_cli import CliError, quotas_document, read_properties, read_quotas_file, rule_entity, security
+from proxy.quotas_cli import (
+    CliError,
+    jaas_options,
+    quotas_document,
+    read_properties,
+    read_quotas_file,
+    rule_entity,
+    security,
+)
 
 
 def test_properties_are_read_as_java_writes_them(tmp_path):
     f = tmp_path / "admin.properties"
     f.write_text("# comment\n! also\nsecurity.protocol = SASL_SSL\nsasl.mechanism: SCRAM-SHA-512\n"
-                 "sasl.password=a=b:c\n\nflag\n")
+                 "sasl.password=a=b:c\n\nflag\n  spaced  value\\\n    continued\nsasl.username=x\\u00e9\\:\\\\\n")
     assert read_properties(str(f)) == {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512",
-                                       "sasl.password": "a=b:c", "flag": ""}
+                                       "sasl.password": "a=b:c", "flag": "", "spaced": "valuecontinued",
+                                       "sasl.username": "x\u00e9:\\"}
 
 
 @pytest.mark.parametrize("text, message", [
     ("security.protocol=TLS\n", "security.protocol must be one of"),
     ("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=GSSAPI\nsasl.username=u\nsasl.password=p\n",
      "sasl.mechanism must be one of"),
-    ("security.protocol=SASL_PLAINTEXT\nsasl.username=u\n", "needs sasl.username and sasl.password"),
+    ("security.protocol=SASL_PLAINTEXT\nsasl.username=u\n", "with PLAIN needs username and password in "
+     "sasl.jaas.config"),
+    ("security.protocol=SASL_SSL\nsasl.mechanism=SCRAM-SHA-256\nsasl.jaas.config=org.apache.kafka.common."
+     "security.scram.ScramLoginModule required username=\"u\";\n", "needs username and password"),
+    ("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=OAUTHBEARER\n", "needs sasl.oauthbearer.token.file"),
+    ("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=OAUTHBEARER\nsasl.oauthbearer.token.file=/nonexistent/t\n",
+     "sasl.oauthbearer.token.file: cannot read /nonexistent/t"),
     ("security.protocol=SSL\nssl.ca.location=/nonexistent/ca.pem\n", "no such file: /nonexistent/ca.pem"),
     ("security.protocol=SSL\nssl.certificate.location=/x.pem\n", "go together"),
 ])
@@ -39,6 +54,31 @@ def test_sasl_secrets_stay_out_of_repr(tmp_path):
     sec = security(str(f))
     assert sec.tls is None and sec.sasl is not None and sec.sasl.mechanism == "PLAIN"
     assert "hunter2" not in repr(sec)
+
+
+def test_credentials_from_the_jaas_config_kafka_configs_reads(tmp_path):
+    f = tmp_path / "admin.properties"
+    f.write_text("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=SCRAM-SHA-512\n"
+                 "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required \\\n"
+                 "  username=\"ops-admin\" password=\"a \\\\\"quoted\\\\\" ;secret\";\n")
+    sec = security(str(f))
+    assert sec.sasl is not None
+    assert (sec.sasl.mechanism, sec.sasl.username, sec.sasl.secret) == ("SCRAM-SHA-512", "ops-admin",
+                                                                        'a "quoted" ;secret')
+    assert jaas_options("org.apache.kafka.common.security.plain.PlainLoginModule required username=alice "
+                        "password=s3cret;") == {"username": "alice", "password": "s3cret"}
+
+
+def test_an_oauthbearer_token_is_read_from_its_file(tmp_path):
+    token = tmp_path / "token.jwt"
+    token.write_text("eyJhbGciOiJub25lIn0.eyJzdWIiOiJvcHMifQ.\n")
+    f = tmp_path / "c.properties"
+    f.write_text(f"security.protocol=SASL_SSL\nsasl.mechanism=OAUTHBEARER\nsasl.oauthbearer.token.file={token}\n")
+    sec = security(str(f))
+    assert sec.tls is not None and sec.sasl is not None
+    assert (sec.sasl.mechanism, sec.sasl.username, sec.sasl.secret) == (
+        "OAUTHBEARER", None, "eyJhbGciOiJub25lIn0.eyJzdWIiOiJvcHMifQ.")
+    assert "eyJ" not in repr(sec)
 
 
 def test_document_reads_back_as_the_same_rules(tmp_path):
