@@ -19,10 +19,12 @@ from proxy import quota_topic
 from quotas.client_quota_admin import QuotaEntity
 from tests.integration.test_client_quota_api import AdminConnection, remove, set_
 from tests.support.inproc import InProcessProxy
+from tests.support.rate_runs import fresh_topic
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 REQUEST_TIMED_OUT = 7
+QUOTA = 20 * 1024  # bytes/s
 CHANGES = int(os.environ.get("KQP_PROPAGATION_CHANGES", "20"))
 FILE_QUOTAS = [{"user": "carol", "request_rate": 100}]
 ALICE = (("user", "alice"),)
@@ -32,8 +34,9 @@ ALICE_ENTITY, ANON_ENTITY, CAROL_ENTITY = QuotaEntity(ALICE), QuotaEntity(ANON),
 
 
 def instance(bootstrap: str) -> InProcessProxy:
-    return InProcessProxy([bootstrap], quotas=FILE_QUOTAS,
-                          quota_admin={"enabled": True, "principals": ["ANONYMOUS"]}).start()
+    return InProcessProxy([bootstrap], quotas=FILE_QUOTAS, quota_windows={
+        "quota_window_num": 2, "quota_window_size_seconds": 1,  # throttles within a second
+    }, quota_admin={"enabled": True, "principals": ["ANONYMOUS"]}).start()
 
 
 def seen_within(conn: AdminConnection, entity, expected, timeout_s: float) -> float | None:
@@ -50,16 +53,25 @@ def test_an_alter_through_one_instance_is_in_force_on_the_other_within_a_second(
     a, b = instance(tansu.bootstrap), instance(tansu.bootstrap)
     try:
         ca, cb = AdminConnection(a.address), AdminConnection(b.address)
-        assert ca.alter(1, [(ANON, [set_("producer_byte_rate", 1048576)])]) == [(ANON, 0, None)]
-        assert ca.quotas(1)[ANON] == {"producer_byte_rate": 1048576.0}  # read-your-writes on A
-        assert seen_within(cb, ANON, {"producer_byte_rate": 1048576.0}, 1.0) is not None
-        # B enforces it: a producer through B is bound by it.
-        producer = KafkaProducer(bootstrap_servers=b.bootstrap, client_id="through-b", acks=1)
+        assert ca.alter(1, [(ANON, [set_("producer_byte_rate", QUOTA)])]) == [(ANON, 0, None)]
+        assert ca.quotas(1)[ANON] == {"producer_byte_rate": float(QUOTA)}  # read-your-writes on A
+        assert seen_within(cb, ANON, {"producer_byte_rate": float(QUOTA)}, 1.0) is not None
+        # B enforces it: a producer through B is throttled to the new rate.
+        topic = fresh_topic(tansu, "quota-store-enforced")
+        producer = KafkaProducer(bootstrap_servers=b.bootstrap, client_id="through-b", acks=1, linger_ms=5,
+                                 batch_size=4096, request_timeout_ms=20_000)
         try:
-            producer.send("quota-store-enforced", b"x" * 100).get(30)
+            start = time.monotonic()
+            for i in range(100):  # ~100 KiB at 20 KiB/s: a few seconds
+                producer.send(topic, b"x" * 1024, key=b"%d" % i)
+            producer.flush(60)
+            elapsed_s = time.monotonic() - start
         finally:
             producer.close()
-        assert b.metric("kqp_quota_bound", kind="producer_byte_rate", user="ANONYMOUS") == 1048576
+        assert b.metric("kqp_quota_bound", kind="producer_byte_rate", user="ANONYMOUS") == QUOTA
+        assert b.metric("kqp_quota_throttled_total", kind="producer_byte_rate") > 0
+        # 100 KiB over a 1 s window of 20 KiB/s: at least ~4 s once the first window is spent.
+        assert elapsed_s > 2.5, f"100 KiB through B took {elapsed_s:.1f} s at a quota of 20 KiB/s"
         # Propagation (the issue: in force everywhere within one second); 20 changes in CI,
         # KQP_PROPAGATION_CHANGES=100 for the closing note's measurement.
         delays = []
