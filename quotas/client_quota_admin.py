@@ -288,15 +288,21 @@ class QuotaChange:
 
 @dataclass(frozen=True)
 class AlterResult:
-    """``results[i]`` answers request entry ``i``; ``changes`` is empty when validating only."""
+    """``results[i]`` answers request entry ``i``; ``changes`` is empty when validating only.
+    ``whole_request``: the request failed as a whole (:func:`alter_error`)."""
 
     new_quotas: Mapping[QuotaEntity, Mapping[str, float]]
     results: tuple[EntryResult, ...]
     changes: tuple[QuotaChange, ...]
+    whole_request: bool = False
 
     def response_entries(self) -> tuple[EntryResult, ...]:
-        """One result per distinct entity, as Kafka answers (AlterClientQuotasResponse.fromQuotaEntities
-        builds the response from a map keyed by entity); first appearance order."""
+        """The response's entries. One per distinct entity, as Kafka answers
+        (AlterClientQuotasResponse.fromQuotaEntities builds the response from a map keyed by
+        entity), in first appearance order; for a whole-request failure one per request entry
+        (AlterClientQuotasRequest.getErrorResponse walks the request)."""
+        if self.whole_request:
+            return self.results
         seen: dict[frozenset[tuple[str, str | None]], EntryResult] = {}
         for result in self.results:
             seen.setdefault(_entity_key(result.entity), result)
@@ -308,12 +314,13 @@ def alter_error(
     entries: Iterable[tuple[EntityParts, Sequence[tuple[str, float, bool]]]],
     error_code: int,
 ) -> AlterResult:
-    """A whole-request failure: AlterClientQuotasRequest.getErrorResponse gives every entry the
-    error's default message (not the exception's). Nothing changes."""
+    """A whole-request failure: AlterClientQuotasRequest.getErrorResponse answers every request
+    entry, its entity's parts as sent, with the error's default message (not the exception's).
+    Nothing changes."""
     results = tuple(
-        EntryResult(_kafka_order(entity), error_code, DEFAULT_MESSAGES.get(error_code)) for entity, _ in entries
+        EntryResult(tuple(entity), error_code, DEFAULT_MESSAGES.get(error_code)) for entity, _ in entries
     )
-    return AlterResult(_copy(quotas), results, ())
+    return AlterResult(_copy(quotas), results, (), whole_request=True)
 
 
 def alter(

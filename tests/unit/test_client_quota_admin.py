@@ -565,11 +565,14 @@ def test_too_many_changes_fail_the_whole_request():
 
 
 def test_alter_error_for_a_refused_request():
-    """ControllerApis: no ALTER_CONFIGS on the cluster → every entry CLUSTER_AUTHORIZATION_FAILED
-    with the error's default message (AlterClientQuotasRequest.getErrorResponse)."""
-    entries = [([(USER, "a"), (CLIENT_ID, "b")], [("request_rate", 1.0, False)])]
+    """ControllerApis: no ALTER_CONFIGS on the cluster → every request entry (a repeated entity
+    too) CLUSTER_AUTHORIZATION_FAILED with the error's default message, its parts as sent
+    (AlterClientQuotasRequest.getErrorResponse)."""
+    entries = [([(USER, "a"), (CLIENT_ID, "b")], [("request_rate", 1.0, False)]),
+               ([(USER, "a"), (CLIENT_ID, "b")], [("consumer_byte_rate", 1.0, False)])]
     result = alter_error(STORE, entries, CLUSTER_AUTHORIZATION_FAILED)
-    assert result.results == (EntryResult(((CLIENT_ID, "b"), (USER, "a")), 31, "Cluster authorization failed."),)
+    assert result.response_entries() == (
+        EntryResult(((USER, "a"), (CLIENT_ID, "b")), 31, "Cluster authorization failed."),) * 2
     assert result.new_quotas == STORE and result.changes == ()
     assert DEFAULT_MESSAGES[CLUSTER_AUTHORIZATION_FAILED] == "Cluster authorization failed."
 
