@@ -3,8 +3,10 @@
 The YAML ``quotas:`` are the base. A store holds an *overlay*: for each (entity, key) it was told
 about, either a value, which overrides the base's, or a removal (:data:`REMOVED`), which masks
 the base's value, so that a quota defined only in the file can be removed through the API too.
-A key the overlay does not name keeps the base's value, and follows the file when it is
-reloaded. Once an (entity, key) has been set or removed through the API, the overlay alone
+A removal is kept only for a key the file sets for that entity when it is made (``file_keys``):
+removing a key the file does not set leaves nothing behind, and an entity left with nothing is
+forgotten (in the topic: a tombstone). A key the overlay does not name keeps the base's value,
+and follows the file when it is reloaded. Once the overlay names an (entity, key), it alone
 decides it: a later change of that key in the file is not in force.
 
 :class:`QuotaStore` is what the proxy needs of a store; :class:`OverlayStore` keeps the overlay
@@ -15,7 +17,7 @@ them only once they are written.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Final, Protocol
 
@@ -25,6 +27,30 @@ from quotas.entities import QuotaRule
 REMOVED: Final = None  # an overlay value: the key is removed, whatever the base says
 
 Overlay = Mapping[QuotaEntity, Mapping[str, float | None]]
+FileKeys = Callable[[QuotaEntity], Collection[str]]  # the keys the file sets for an entity
+
+
+def overlay_values(current: Mapping[str, float | None], changes: Iterable[QuotaChange],
+                   file_keys: Collection[str] | None) -> dict[str, float | None]:
+    """One entity's overlay after ``changes``: each set or removed key, the removals of keys the
+    file does not set (``file_keys``; None: keep every removal) dropped, since they mask nothing."""
+    values = dict(current)
+    for change in changes:
+        values[change.key] = change.new
+    if file_keys is None:
+        return values
+    return {k: v for k, v in values.items() if v is not REMOVED or k in file_keys}
+
+
+def file_keys_of(file_keys: FileKeys | None, entity: QuotaEntity) -> Collection[str] | None:
+    return None if file_keys is None else file_keys(entity)
+
+
+def by_entity(changes: Iterable[QuotaChange]) -> dict[QuotaEntity, list[QuotaChange]]:
+    grouped: dict[QuotaEntity, list[QuotaChange]] = {}
+    for change in changes:
+        grouped.setdefault(change.entity, []).append(change)
+    return grouped
 
 
 class StoreUnavailable(Exception):
@@ -65,12 +91,11 @@ def merge(base: Iterable[QuotaRule], overlay: Overlay) -> dict[QuotaEntity, dict
 
 class OverlayStore:
     """The overlay in this process's memory: :meth:`commit` applies at once and never fails.
+    Without ``file_keys``, every removal is kept."""
 
-    Every (entity, key) ever set or removed stays in the overlay (a removal as :data:`REMOVED`),
-    so it holds one entry per key the administrators have touched."""
-
-    def __init__(self) -> None:
+    def __init__(self, file_keys: FileKeys | None = None) -> None:
         self._overlay: dict[QuotaEntity, dict[str, float | None]] = {}
+        self._file_keys = file_keys
 
     @property
     def overlay(self) -> Overlay:
@@ -82,9 +107,14 @@ class OverlayStore:
         return sum(len(values) for values in self._overlay.values())
 
     def apply(self, changes: Iterable[QuotaChange]) -> None:
-        """Records each change: its new value, or :data:`REMOVED` (``change.new`` None)."""
-        for change in changes:
-            self._overlay.setdefault(change.entity, {})[change.key] = change.new
+        """Records each change: its new value, or :data:`REMOVED` (``change.new`` None), kept
+        while the file sets that key."""
+        for entity, mine in by_entity(changes).items():
+            values = overlay_values(self._overlay.get(entity, {}), mine, file_keys_of(self._file_keys, entity))
+            if values:
+                self._overlay[entity] = values
+            else:
+                self._overlay.pop(entity, None)
 
     def merged(self, base: Iterable[QuotaRule]) -> dict[QuotaEntity, dict[str, float]]:
         return merge(base, self._overlay)

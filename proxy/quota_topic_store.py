@@ -57,7 +57,7 @@ from quotas.entities import QuotaRule
 from . import quota_topic
 from .cluster import Cluster
 from .dialer import OwnConnection
-from .quota_store import Overlay, StoreUnavailable, merge
+from .quota_store import FileKeys, Overlay, StoreUnavailable, by_entity, file_keys_of, merge, overlay_values
 from .refresh import fetch_topic_metadata, topic_metadata
 
 log = logging.getLogger(__name__)
@@ -86,8 +86,10 @@ def _broker_error(api: str, code: int, detail: str = "") -> StoreError:
 class TopicStore:
     """A :class:`proxy.quota_store.QuotaStore` whose overlay is what the topic says."""
 
-    def __init__(self, topic: str, cluster: Cluster, timeout_s: float, on_change: Callable[[], None]) -> None:
+    def __init__(self, topic: str, cluster: Cluster, timeout_s: float, on_change: Callable[[], None],
+                 file_keys: FileKeys | None = None) -> None:
         self.topic = topic
+        self._file_keys = file_keys
         self._cluster = cluster
         self._timeout_s = timeout_s
         self._on_change = on_change  # puts the merged quotas in force (the server's)
@@ -126,15 +128,16 @@ class TopicStore:
 
     def apply(self, changes: Iterable[QuotaChange]) -> None:
         """Records ``changes`` here only (as OverlayStore.apply; nothing is written)."""
-        for change in changes:
-            self._overlay.setdefault(change.entity, {})[change.key] = change.new
+        for entity, mine in by_entity(changes).items():
+            self._set(entity, self._after(entity, mine), self._applied_at.get(entity, -1))
+
+    def _after(self, entity: QuotaEntity, changes: Iterable[QuotaChange]) -> dict[str, float | None]:
+        return overlay_values(self._overlay.get(entity, {}), changes, file_keys_of(self._file_keys, entity))
 
     async def commit(self, changes: Sequence[QuotaChange]) -> None:
         async with self._writes:
             followed, generation = self._followed, self._generation
-            new: dict[QuotaEntity, dict[str, float | None]] = {}
-            for change in changes:
-                new.setdefault(change.entity, dict(self._overlay.get(change.entity, {})))[change.key] = change.new
+            new = {entity: self._after(entity, mine) for entity, mine in by_entity(changes).items()}
             records = [quota_topic.encode(entity, values) for entity, values in new.items()]
             if not self._created or self._restoring is not None:
                 raise StoreUnavailable(self._being_recreated())

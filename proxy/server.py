@@ -6,6 +6,7 @@ import asyncio
 import logging
 import socket
 import time
+from collections.abc import Collection
 from dataclasses import replace
 
 from prometheus_client import CollectorRegistry
@@ -14,7 +15,7 @@ from config import ConfigError
 from config.engines import producer_id_manager_for, quota_manager_for
 from config.model import Config, unenforced_kinds
 from quotas import QuotaManager
-from quotas.client_quota_admin import rules_from_quotas
+from quotas.client_quota_admin import QuotaEntity, quotas_from_rules, rules_from_quotas
 from quotas.entities import QuotaRule
 from quotas.limiters import LimiterContext, RateLimiter
 from quotas.manager import quota_changes
@@ -122,12 +123,12 @@ class ProxyServer:
         self.cluster = Cluster(config, self.stats, self._serve_node)
         # Quotas set through AlterClientQuotas, over the file's (config.quotas): the rules in
         # force are rules_in_force (see quota_rules_over).
-        self.quota_store: QuotaStore = OverlayStore()
+        self.quota_store: QuotaStore = OverlayStore(self._file_keys)
         self.topic_store: TopicStore | None = None
         admin = config.quota_admin
         if admin.enabled and admin.store == "topic":
             self.topic_store = TopicStore(admin.topic, self.cluster, config.upstream.connect_timeout_s,
-                                          self._quota_store_changed)
+                                          self._quota_store_changed, self._file_keys)
             self.quota_store = self.topic_store
             self.registry.register(QuotaStoreCollector(self.topic_store))
         self.rules_in_force = config.quotas
@@ -259,6 +260,10 @@ class ProxyServer:
         if not len(self.quota_store):
             return base  # the very tuple: nothing set through the API
         return rules_from_quotas(self.quota_store.merged(base))
+
+    def _file_keys(self, entity: QuotaEntity) -> Collection[str]:
+        """The keys the file's quotas set for ``entity`` (a removal of another key masks nothing)."""
+        return quotas_from_rules(self.config.quotas).get(entity, {}).keys()
 
     def _quota_store_changed(self) -> None:
         """The quota topic changed (another instance's Alter, or read at start): its quotas

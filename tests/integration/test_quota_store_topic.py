@@ -244,3 +244,27 @@ def test_a_deleted_store_topic_is_recreated_and_the_quotas_in_force_written_back
         cc.close()
     finally:
         c.stop()
+
+
+def test_removing_the_last_key_writes_a_tombstone_unless_it_masks_the_file(tansu):
+    a = instance(tansu.bootstrap)
+    try:
+        ca = AdminConnection(a.address)
+        assert ca.alter(1, [(ALICE, [set_("request_rate", 9)])]) == [(ALICE, 0, None)]
+        assert ca.alter(1, [(ALICE, [remove("request_rate")]), (CAROL, [remove("request_rate")])]) == [
+            (ALICE, 0, None), (CAROL, 0, None)]
+        ca.close()
+    finally:
+        a.stop()
+    # alice's last key, which the file does not set: a tombstone (compaction forgets her); carol's,
+    # which the file sets: a record keeping the removal, which masks the file's value.
+    contents = topic_contents(tansu.bootstrap, "__kqp_client_quotas")
+    assert contents[ALICE_ENTITY] is None
+    assert contents[CAROL_ENTITY] == {"request_rate": None}
+    b = instance(tansu.bootstrap)
+    try:
+        cb = AdminConnection(b.address)
+        assert ALICE not in cb.quotas(1) and CAROL not in cb.quotas(1)
+        cb.close()
+    finally:
+        b.stop()

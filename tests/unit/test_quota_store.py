@@ -88,3 +88,18 @@ def test_a_reload_logs_what_changes_in_force(caplog):
     assert not any(line.startswith("reload user=alice") for line in lines), lines  # 2000 stays in force
     assert "reload: 1 quota values set or removed through the Admin API stay over the file's" in lines
     assert "reloaded: 1 quota entries and 2 rate limiters in force" in lines
+
+
+def test_a_removal_is_kept_only_while_it_masks_a_key_of_the_file():
+    file_keys = {ALICE: {"producer_byte_rate", "request_rate"}}
+    store = OverlayStore(lambda entity: file_keys.get(entity, set()))
+    store.apply([QuotaChange(ALICE, "request_rate", 5.0, None),  # the file's: masked
+                 QuotaChange(ALICE, "consumer_byte_rate", 10.0, None),  # the API's own: forgotten
+                 QuotaChange(BOB, "consumer_byte_rate", None, 7.0)])
+    assert store.overlay == {ALICE: {"request_rate": REMOVED}, BOB: {"consumer_byte_rate": 7.0}}
+    store.apply([QuotaChange(BOB, "consumer_byte_rate", 7.0, None)])  # its last key: the entity is forgotten
+    assert BOB not in store.overlay and len(store) == 1
+    # A key the file gives later is in force (nothing of the API's removal was kept).
+    later = (QuotaRule("alice", None, {"consumer_byte_rate": 20.0, "request_rate": 50.0}),
+             QuotaRule("bob", None, {"consumer_byte_rate": 30.0}))
+    assert store.merged(later) == {ALICE: {"consumer_byte_rate": 20.0}, BOB: {"consumer_byte_rate": 30.0}}
