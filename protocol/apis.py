@@ -32,8 +32,19 @@ class ApiKey(IntEnum):
     CREATE_PARTITIONS = 37
     DESCRIBE_QUORUM = 55
     DESCRIBE_CLUSTER = 60
+    SHARE_GROUP_HEARTBEAT = 76
+    SHARE_GROUP_DESCRIBE = 77
     SHARE_FETCH = 78
     SHARE_ACKNOWLEDGE = 79
+
+
+# APIs a client needs together: offering part of a family leaves a client half-working (a
+# KIP-932 share consumer that may join its group but not fetch spins on ShareFetch), so the
+# proxy offers a family whole or not at all.
+API_FAMILIES: tuple[frozenset[int], ...] = (
+    frozenset({ApiKey.SHARE_GROUP_HEARTBEAT, ApiKey.SHARE_GROUP_DESCRIBE, ApiKey.SHARE_FETCH,
+               ApiKey.SHARE_ACKNOWLEDGE}),
+)
 
 
 # KIP-599: the first version of each controller-mutation API whose response may say

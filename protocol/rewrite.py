@@ -6,7 +6,7 @@ proxy serves that node on; every rewrite here goes through it, so no broker addr
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from kafka.protocol.api_message import ApiMessage
 from kafka.protocol.metadata import ApiVersionsResponse
@@ -50,10 +50,12 @@ ENDPOINT_REWRITERS: dict[int, Callable[[ApiMessage, Advertise], None]] = {
 }
 
 
-def cap_api_versions(resp: ApiMessage, caps: Mapping[int, int | None]) -> None:
+def cap_api_versions(resp: ApiMessage, caps: Mapping[int, int | None],
+                     families: Iterable[frozenset[int]] = ()) -> None:
     """Lowers each listed API's max version to its cap; a cap of None removes the API.
 
-    An API whose broker minimum is above the cap is removed: the proxy cannot speak it.
+    An API whose broker minimum is above the cap is removed: the proxy cannot speak it. Then
+    each family (protocol.apis.API_FAMILIES) not listed whole is removed whole.
     """
     kept = []
     for entry in resp.api_keys:
@@ -63,7 +65,9 @@ def cap_api_versions(resp: ApiMessage, caps: Mapping[int, int | None]) -> None:
                 continue
             entry.max_version = min(entry.max_version, cap)
         kept.append(entry)
-    resp.api_keys = kept
+    listed = {entry.api_key for entry in kept}
+    partial = set().union(*(family for family in families if family & listed and not family <= listed))
+    resp.api_keys = [entry for entry in kept if entry.api_key not in partial] if partial else kept
 
 
 def offer_api_versions(resp: ApiMessage, offered: Mapping[int, tuple[int, int]]) -> None:

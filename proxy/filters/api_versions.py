@@ -1,15 +1,16 @@
-"""ApiVersions: answer versions the proxy does not know, cap what clients may use."""
+"""ApiVersions: answer versions the proxy does not know, cap what clients may use, and refuse
+the APIs it hides."""
 
 from __future__ import annotations
 
 from struct import Struct
 
 from protocol import rewrite
-from protocol.apis import SPECS, ApiKey
+from protocol.apis import API_FAMILIES, SPECS, ApiKey, api_name
 from protocol.headers import encode_response_header
 from protocol.messages import decode_response, encode_body
 
-from .api import Answer, FilterSpec
+from .api import Answer, Close, FilterSpec
 from .leaders import uplifted_caps
 
 _INT32 = Struct(">i")
@@ -31,6 +32,7 @@ def default_caps() -> dict[int, int | None]:
     caps: dict[int, int | None] = {key: SPECS[key].max_version for key in _DECODED}
     # Share-group responses carry NodeEndpoints the proxy cannot decode (kafka-python has no
     # schema for them), so they would leak broker addresses: hide them from clients.
+    # Their family (API_FAMILIES) goes with them: ShareGroupHeartbeat and ShareGroupDescribe.
     caps[ApiKey.SHARE_FETCH] = None
     caps[ApiKey.SHARE_ACKNOWLEDGE] = None
     # DescribeQuorum v2 lists controller endpoints, which the proxy does not serve.
@@ -38,9 +40,19 @@ def default_caps() -> dict[int, int | None]:
     return caps
 
 
+def hidden_apis(caps: dict[int, int | None], families: tuple[frozenset[int], ...] = API_FAMILIES) -> frozenset[int]:
+    """The APIs never offered to clients: those capped to None, with their families."""
+    hidden = {key for key, cap in caps.items() if cap is None}
+    for family in families:
+        if family & hidden:
+            hidden |= family
+    return frozenset(hidden)
+
+
 class ApiVersionsFilter:
     """Answers an ApiVersions version the proxy does not know, caps each API at what the
-    proxy carries, and learns the connection's KIP-951 uplift from the broker's answer."""
+    proxy carries (a family of APIs whole or not at all), learns the connection's KIP-951
+    uplift from the broker's answer, and closes a connection that sends an API it hides."""
 
     def __init__(self, caps: dict[int, int | None] | None = None, uplift: bool = False,
                  offered: dict[int, tuple[int, int]] | None = None) -> None:
@@ -48,9 +60,10 @@ class ApiVersionsFilter:
         # {api key: (min, max)}: APIs the proxy answers itself, listed whatever the broker says.
         self.offered = offered or {}
         self.max_version = SPECS[ApiKey.API_VERSIONS].max_version
+        self.hidden = hidden_apis(self.caps) - self.offered.keys()
         keys = frozenset({ApiKey.API_VERSIONS})
         self.spec = FilterSpec(
-            request_keys=keys, response_keys=keys, chunk=True,
+            request_keys=keys | self.hidden, response_keys=keys, chunk=True,
             request_since={ApiKey.API_VERSIONS: self.max_version + 1},  # only unknown versions are answered
         )
         self.uplift = uplift  # KIP-951: offer Produce v10 / Fetch v16 over v9 / v15 brokers
@@ -65,6 +78,11 @@ class ApiVersionsFilter:
         self._last: tuple[int, int, tuple[bytes, bytes, dict[int, int], bytes]] | None = None
 
     def on_request(self, ctx, header, frame, entry):
+        if header.api_key in self.hidden:
+            # Kafka's SocketServer (Processor.parseRequestHeader) closes a connection that sends
+            # an API not enabled on its listener; the broker behind would answer it unrewritten.
+            return Close(f"{api_name(header.api_key)} (api key {header.api_key}) v{header.api_version} is not "
+                         "offered through the proxy")
         if header.api_version > self.max_version:
             # Kafka answers an unknown ApiVersions version itself with v0 + UNSUPPORTED_VERSION
             # (ApiVersionsRequest.getErrorResponse), so the client retries at a known version.
@@ -119,7 +137,7 @@ class ApiVersionsFilter:
 
     def _capped(self, resp) -> tuple[bytes, dict[int, int]]:
         broker_max = {e.api_key: e.max_version for e in resp.api_keys}
-        rewrite.cap_api_versions(resp, self.caps)
+        rewrite.cap_api_versions(resp, self.caps, API_FAMILIES)
         rewrite.offer_api_versions(resp, self.offered)
         uplift = uplifted_caps(broker_max, self.uplift)
         for e in resp.api_keys:

@@ -212,6 +212,28 @@ def test_cap_equal_to_broker_min_keeps_the_api():
     assert [(k.api_key, k.min_version, k.max_version) for k in resp.api_keys] == [(ApiKey.DESCRIBE_QUORUM, 1, 1)]
 
 
+SHARE_FAMILY = frozenset({76, 77, 78, 79})  # ShareGroupHeartbeat, ShareGroupDescribe, ShareFetch, ShareAcknowledge
+SHARE_STATE = {83: (0, 1), 84: (0, 1), 85: (0, 1), 86: (0, 1), 87: (0, 1)}  # broker to broker: not a family
+
+
+@pytest.mark.parametrize("version", range(ApiVersionsResponse.max_version + 1))
+def test_a_family_capped_in_part_is_removed_whole(version):
+    resp = _api_versions(version, {0: (3, 11), 76: (1, 1), 77: (1, 1), 78: (1, 1), 79: (1, 1), **SHARE_STATE})
+    rewrite.cap_api_versions(resp, {ApiKey.SHARE_FETCH: None, ApiKey.SHARE_ACKNOWLEDGE: None}, [SHARE_FAMILY])
+    after = decode_response(ApiKey.API_VERSIONS, version, encode_body(resp))
+    assert [k.api_key for k in after.api_keys] == [0, 83, 84, 85, 86, 87]
+
+
+def test_a_family_the_broker_lists_in_part_is_removed_whole_and_a_whole_one_kept():
+    resp = _api_versions(3, {76: (1, 1), 77: (1, 1), 3: (0, 12)})  # a broker without ShareFetch
+    rewrite.cap_api_versions(resp, {}, [SHARE_FAMILY])
+    assert [k.api_key for k in resp.api_keys] == [3]
+    whole = _api_versions(3, {76: (1, 1), 77: (1, 1), 78: (1, 1), 79: (1, 1)})
+    before = encode_body(whole)
+    rewrite.cap_api_versions(whole, {}, [SHARE_FAMILY])
+    assert encode_body(whole) == before
+
+
 def test_cap_with_no_caps_changes_nothing():
     resp = _api_versions(3, {0: (3, 13), 1: (4, 18)})
     before = encode_body(resp)
