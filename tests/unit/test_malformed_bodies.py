@@ -27,7 +27,7 @@ from kafka.record import MemoryRecordsBuilder
 
 from config import parse_config
 from config.engines import quota_manager_for
-from protocol.apis import SPECS, ApiKey
+from protocol.apis import API_FAMILIES, SPECS, ApiKey
 from protocol.errors import ProtocolError
 from protocol.fetch import throttled_fetch_body
 from protocol.headers import (
@@ -41,6 +41,7 @@ from protocol.produce import produce_acks, produce_error_response
 from protocol.throttle import has_throttle_field, throttle_of, with_throttle
 from proxy.connection import ClientConnection
 from proxy.filters.api import Defer, FilterContext, Forward, Hold
+from proxy.filters.api_versions import ApiVersionsFilter
 from proxy.filters.controller_mutation import STRICT_SINCE, ControllerMutationFilter
 from proxy.filters.sasl import SaslFilter
 from proxy.inflight import InFlight
@@ -461,8 +462,10 @@ def _settle(decision):
 
 
 def request_pairs(chain) -> list[tuple[int, int]]:
-    """Every API and version some request filter sees, and one version past what the proxy knows."""
-    return sorted((key, v) for key, (since, filters) in chain.request.items() if filters
+    """Every API and version some request filter sees, and one version past what the proxy knows.
+    An API the proxy has no schema for is refused by its header alone (a hidden API family,
+    see test_hidden_apis_are_refused_by_their_header): no body of it is read."""
+    return sorted((key, v) for key, (since, filters) in chain.request.items() if filters and key in SPECS
                   for v in range(since, SPECS[key].max_version + 2))
 
 
@@ -499,9 +502,16 @@ def test_the_pairs_come_from_the_filters_and_cover_what_they_decode(proxy):
     requests, responses = request_pairs(proxy.chain), response_pairs(proxy.chain)
     filtered = {key for key, (_, fs) in proxy.chain.request.items() if any(f.spec.request_keys is not None for f in fs)}
     assert {ApiKey.PRODUCE, ApiKey.SASL_AUTHENTICATE, ApiKey.CREATE_TOPICS, ApiKey.API_VERSIONS} <= filtered
-    assert {(key, SPECS[key].max_version) for key in filtered} <= set(requests)
+    assert {(key, SPECS[key].max_version) for key in filtered if key in SPECS} <= set(requests)
     assert {ApiKey.FETCH, ApiKey.METADATA, ApiKey.DESCRIBE_CLUSTER, ApiKey.SASL_HANDSHAKE} <= set(proxy.chain.response)
     assert len(requests) > 250 and len(responses) > 250
+
+
+def test_hidden_apis_are_refused_by_their_header(proxy):
+    unknown = {key for key, (_, fs) in proxy.chain.request.items() if fs and key not in SPECS}
+    assert unknown and unknown <= set().union(*API_FAMILIES)
+    api_versions = next(f for f in proxy.chain.request[ApiKey.API_VERSIONS][1] if isinstance(f, ApiVersionsFilter))
+    assert unknown <= api_versions.hidden
 
 
 def test_malformed_request_bodies_raise_only_protocol_errors(proxy):
