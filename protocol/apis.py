@@ -15,6 +15,8 @@ import kafka.protocol.sasl  # noqa: F401
 from kafka.protocol.api_key import ApiKey as _KpApiKey
 from kafka.protocol.api_message import ApiMessage
 
+from . import share_messages  # noqa: F401  (ShareFetch / ShareAcknowledge, which kafka-python lacks)
+
 
 class ApiKey(IntEnum):
     """Kafka API keys the proxy refers to by name."""
