@@ -36,7 +36,7 @@ def rewrite_describe_cluster(resp: ApiMessage, advertise: Advertise) -> None:
 
 
 def rewrite_node_endpoints(resp: ApiMessage, advertise: Advertise) -> None:
-    """Produce v10+ / Fetch v16+ ``NodeEndpoints`` (KIP-951)."""
+    """Produce v10+ / Fetch v16+ ``NodeEndpoints`` (KIP-951), ShareFetch / ShareAcknowledge's."""
     for ep in resp.node_endpoints or ():
         ep.host, ep.port = advertise(ep.node_id, ep.host, ep.port)
 
@@ -47,6 +47,8 @@ ENDPOINT_REWRITERS: dict[int, Callable[[ApiMessage, Advertise], None]] = {
     ApiKey.DESCRIBE_CLUSTER: rewrite_describe_cluster,
     ApiKey.PRODUCE: rewrite_node_endpoints,
     ApiKey.FETCH: rewrite_node_endpoints,
+    ApiKey.SHARE_FETCH: rewrite_node_endpoints,  # KIP-932: an ordinary field there, from v0
+    ApiKey.SHARE_ACKNOWLEDGE: rewrite_node_endpoints,
 }
 
 

@@ -9,16 +9,20 @@ from protocol.apis import ApiKey
 from protocol.headers import response_body_offset
 from protocol.messages import decode_response, encode_body
 from protocol.scan import scan_fetch_response, scan_produce_response
+from protocol.share_scan import scan_share_acknowledge, scan_share_fetch
 
 from .api import FilterSpec
 
-# First versions carrying KIP-951 NodeEndpoints in their tagged fields.
-_NODE_ENDPOINTS_SINCE = {ApiKey.PRODUCE: 10, ApiKey.FETCH: 16}
-_SCANNERS = {ApiKey.PRODUCE: scan_produce_response, ApiKey.FETCH: scan_fetch_response}
+# First versions carrying NodeEndpoints: KIP-951's (tagged), KIP-932's (a field from v0).
+_NODE_ENDPOINTS_SINCE = {ApiKey.PRODUCE: 10, ApiKey.FETCH: 16, ApiKey.SHARE_FETCH: 0, ApiKey.SHARE_ACKNOWLEDGE: 0}
+_SCANNERS = {ApiKey.PRODUCE: scan_produce_response, ApiKey.FETCH: scan_fetch_response,
+             ApiKey.SHARE_FETCH: lambda body, version: scan_share_fetch(body, version).scan,
+             ApiKey.SHARE_ACKNOWLEDGE: scan_share_acknowledge}
 
 
 class EndpointRewriteFilter:
-    """Rewrites Metadata, FindCoordinator, DescribeCluster, and Produce/Fetch NodeEndpoints."""
+    """Rewrites Metadata, FindCoordinator, DescribeCluster, and the NodeEndpoints of Produce,
+    Fetch, ShareFetch and ShareAcknowledge."""
 
     # Produce / Fetch carry no endpoints before _NODE_ENDPOINTS_SINCE.
     spec = FilterSpec(response_keys=frozenset(rewrite.ENDPOINT_REWRITERS), response_since=_NODE_ENDPOINTS_SINCE,

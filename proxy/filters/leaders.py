@@ -24,15 +24,23 @@ from protocol.apis import SPECS, ApiKey, api_name
 from protocol.headers import response_body_offset
 from protocol.messages import decode_response, encode_body
 from protocol.scan import scan_fetch_response, scan_produce_response
+from protocol.share_scan import scan_share_acknowledge, scan_share_fetch
 
 from ..leaders import ExpeditedRefresher, LeaderCache
 from .api import FilterSpec, Forward, Hold
 
-# First versions whose responses carry KIP-951's CurrentLeader + NodeEndpoints.
-HINTS_SINCE = {ApiKey.PRODUCE: 10, ApiKey.FETCH: 16}
+# First versions whose responses carry KIP-951's CurrentLeader + NodeEndpoints (KIP-932's
+# share responses carry them from v0).
+HINTS_SINCE = {ApiKey.PRODUCE: 10, ApiKey.FETCH: 16, ApiKey.SHARE_FETCH: 0, ApiKey.SHARE_ACKNOWLEDGE: 0}
 # Uplift is exact only from the version just below: the request bodies are the same.
 UPLIFT_FROM = {ApiKey.PRODUCE: 9, ApiKey.FETCH: 15}
-_SCANNERS = {ApiKey.PRODUCE: scan_produce_response, ApiKey.FETCH: scan_fetch_response}
+_SCANNERS = {ApiKey.PRODUCE: scan_produce_response, ApiKey.FETCH: scan_fetch_response,
+             ApiKey.SHARE_FETCH: lambda body, version: scan_share_fetch(body, version).scan,
+             ApiKey.SHARE_ACKNOWLEDGE: scan_share_acknowledge}
+_SHARE = (ApiKey.SHARE_FETCH, ApiKey.SHARE_ACKNOWLEDGE)
+# The topic classes of each response, whose PartitionData holds CurrentLeader.
+_TOPIC_CLASS = {ApiKey.SHARE_FETCH: "ShareFetchableTopicResponse", ApiKey.SHARE_ACKNOWLEDGE:
+                "ShareAcknowledgeTopicResponse", ApiKey.FETCH: "FetchableTopicResponse"}
 _MOVED = frozenset({errors.NOT_LEADER_OR_FOLLOWER, errors.FENCED_LEADER_EPOCH})
 
 
@@ -114,7 +122,8 @@ class LeaderHintFilter:
         cache, stats, now_s = self.cache, ctx.stats, time.monotonic()
         missing = []
         for topic in resp.responses:
-            name = topic.name if version < 13 else cache.name_of(topic.topic_id)
+            # Produce and Fetch name their topics before v13; share responses never do.
+            name = topic.name if version < 13 and key not in _SHARE else cache.name_of(topic.topic_id)
             partitions = topic.partition_responses if key == ApiKey.PRODUCE else topic.partitions
             for p in partitions:
                 if p.error_code not in _MOVED:
@@ -147,7 +156,7 @@ class LeaderHintFilter:
             return False
         cls = SPECS[key].response[version]
         partition_cls = (cls.TopicProduceResponse.PartitionProduceResponse if key == ApiKey.PRODUCE
-                         else cls.FetchableTopicResponse.PartitionData)
+                         else getattr(cls, _TOPIC_CLASS[key]).PartitionData)
         p.current_leader = partition_cls.LeaderIdAndEpoch(leader_id=known.leader, leader_epoch=known.epoch)
         if all(ep.node_id != known.leader for ep in resp.node_endpoints or ()):
             host, port = ctx.cluster.brokers[known.leader]

@@ -61,6 +61,8 @@ def test_rewriters_cover_every_api_with_broker_addresses():
         ApiKey.DESCRIBE_CLUSTER,
         ApiKey.PRODUCE,
         ApiKey.FETCH,
+        ApiKey.SHARE_FETCH,
+        ApiKey.SHARE_ACKNOWLEDGE,
     }
 
 

@@ -1,0 +1,124 @@
+"""Walks ShareFetch and ShareAcknowledge response bodies (KIP-932) without decoding them.
+
+As protocol.scan does for Fetch: fixed-width fields and lengths only, records skipped by their
+size, so the hot path learns whether a response needs rewriting (a moved partition, a
+``NodeEndpoints`` entry) without copying records. Unlike Fetch, ``CurrentLeader`` and
+``NodeEndpoints`` are ordinary fields (protocol.share_messages); the body ends with the
+top-level tagged fields, which must end it exactly.
+"""
+
+from __future__ import annotations
+
+from struct import Struct
+from typing import NamedTuple
+
+from .apis import ApiKey
+from .frames import Buffer
+from .headers import read_uvarint, skip_tagged_fields
+from .records import FetchRecords, RecordsError, batch_headers
+from .scan import _SHORT, ResponseScan, ScanError
+
+_INT16 = Struct(">h")
+_INT64_INT64 = Struct(">qq")
+
+
+class ShareFetchBody(NamedTuple):
+    scan: ResponseScan
+    delivered: FetchRecords  # what the consumer is handed: see count_share_fetch_records
+
+
+def _compact_len(buf: Buffer, pos: int) -> tuple[int, int]:
+    n, pos = read_uvarint(buf, pos)
+    if n - 1 > len(buf) - pos:
+        raise ScanError(f"a length of {n - 1} at {pos} runs past the body")
+    return n - 1, pos
+
+
+def _skip_compact_bytes(buf: Buffer, pos: int) -> int:
+    n, pos = _compact_len(buf, pos)
+    return pos + max(n, 0)
+
+
+def _node_endpoints(body: Buffer, pos: int) -> int:
+    """The NodeEndpoints array, then the top-level tagged fields, which must end the body;
+    returns the number of entries."""
+    count, pos = _compact_len(body, pos)
+    for _ in range(max(count, 0)):
+        pos = _skip_compact_bytes(body, pos + 4)  # node id, host
+        pos = _skip_compact_bytes(body, pos + 4)  # port, rack
+        pos = skip_tagged_fields(body, pos)
+    pos = skip_tagged_fields(body, pos)
+    if pos != len(body):
+        raise ScanError(f"the body ends at {pos}, it has {len(body)} bytes")
+    return max(count, 0)
+
+
+def _head(body: Buffer, version: int, api_key: int) -> int:
+    """The position of Responses: after throttle_time_ms, error code, error message (and, in
+    ShareFetch v1+, AcquisitionLockTimeoutMs)."""
+    pos = _skip_compact_bytes(body, 4 + 2)
+    if api_key == ApiKey.SHARE_FETCH and version >= 1:
+        pos += 4
+    return pos
+
+
+def scan_share_fetch(body: Buffer, version: int) -> ShareFetchBody:
+    """ShareFetchResponse v0+: partition error codes, NodeEndpoints entries, and the records
+    delivered. Raises :class:`~protocol.scan.ScanError` for a body that does not match the
+    schema (:class:`~protocol.records.RecordsError` for record batches that do not add up)."""
+    try:
+        errors: set[int] = set()
+        batches = in_batches = acquired = 0
+        topics, pos = _compact_len(body, _head(body, version, ApiKey.SHARE_FETCH))
+        for _ in range(max(topics, 0)):
+            parts, pos = _compact_len(body, pos + 16)  # topic id
+            for _ in range(max(parts, 0)):
+                errors.add(_INT16.unpack_from(body, pos + 4)[0])
+                pos = _skip_compact_bytes(body, pos + 4 + 2)  # index, error code, error message
+                pos = _skip_compact_bytes(body, pos + 2)  # acknowledge error code and message
+                pos = skip_tagged_fields(body, pos + 8)  # CurrentLeader: leader id, epoch
+                size, pos = _compact_len(body, pos)
+                if size > 0:
+                    for b in batch_headers(body, pos, pos + size, partial_tail=True):
+                        if not b.is_control:
+                            batches += 1
+                            in_batches += b.record_count
+                    pos += size
+                ranges, pos = _compact_len(body, pos)
+                for _ in range(max(ranges, 0)):
+                    first, last = _INT64_INT64.unpack_from(body, pos)
+                    acquired += max(last - first + 1, 0)
+                    pos = skip_tagged_fields(body, pos + 8 + 8 + 2)  # delivery count
+                pos = skip_tagged_fields(body, pos)
+            pos = skip_tagged_fields(body, pos)
+        scan = ResponseScan(0, frozenset(errors), _node_endpoints(body, pos))
+        return ShareFetchBody(scan, FetchRecords(batches, min(in_batches, acquired)))
+    except RecordsError:
+        raise
+    except _SHORT as exc:
+        raise ScanError(f"malformed ShareFetchResponse v{version}: {exc}") from exc
+
+
+def scan_share_acknowledge(body: Buffer, version: int) -> ResponseScan:
+    """ShareAcknowledgeResponse v0+: partition error codes and NodeEndpoints entries."""
+    try:
+        errors: set[int] = set()
+        topics, pos = _compact_len(body, _head(body, version, ApiKey.SHARE_ACKNOWLEDGE))
+        for _ in range(max(topics, 0)):
+            parts, pos = _compact_len(body, pos + 16)  # topic id
+            for _ in range(max(parts, 0)):
+                errors.add(_INT16.unpack_from(body, pos + 4)[0])
+                pos = _skip_compact_bytes(body, pos + 4 + 2)  # index, error code, error message
+                pos = skip_tagged_fields(body, pos + 8)  # CurrentLeader
+                pos = skip_tagged_fields(body, pos)
+            pos = skip_tagged_fields(body, pos)
+        return ResponseScan(0, frozenset(errors), _node_endpoints(body, pos))
+    except _SHORT as exc:
+        raise ScanError(f"malformed ShareAcknowledgeResponse v{version}: {exc}") from exc
+
+
+def scan_share_response(body: Buffer, version: int, api_key: int) -> ResponseScan:
+    """Either share response's :class:`~protocol.scan.ResponseScan`."""
+    if api_key == ApiKey.SHARE_FETCH:
+        return scan_share_fetch(body, version).scan
+    return scan_share_acknowledge(body, version)
