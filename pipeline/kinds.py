@@ -16,7 +16,7 @@ from quotas.common import (
     REQUEST_RATE,
 )
 
-PRODUCE, FETCH = ApiKey.PRODUCE, ApiKey.FETCH
+PRODUCE, FETCH, SHARE_FETCH = ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.SHARE_FETCH
 MUTATING = frozenset(STRICT_SINCE)  # the APIs the controller-mutation quota charges
 
 
@@ -28,9 +28,9 @@ class Demand(NamedTuple):
 DEMAND: dict[str, Demand] = {
     REQUEST_RATE: Demand("requests", None),
     PRODUCER_BYTE_RATE: Demand("request_bytes", frozenset({PRODUCE})),
-    CONSUMER_BYTE_RATE: Demand("response_bytes", frozenset({FETCH})),
+    CONSUMER_BYTE_RATE: Demand("response_bytes", frozenset({FETCH, SHARE_FETCH})),  # KIP-932: as a Fetch
     PRODUCER_RECORD_RATE: Demand("records", frozenset({PRODUCE})),
-    CONSUMER_RECORD_RATE: Demand("records", frozenset({FETCH})),
+    CONSUMER_RECORD_RATE: Demand("records", frozenset({FETCH, SHARE_FETCH})),
     PRODUCER_BATCH_RATE: Demand("batches", frozenset({PRODUCE})),
     CONTROLLER_MUTATION_RATE: Demand("partition_mutations", MUTATING),
 }

@@ -12,6 +12,8 @@ charged as the proxy charges a request, in the proxy's filter order:
   request charges no record quota), then ``producer_record_rate`` and ``producer_batch_rate``;
 - Fetch response: ``consumer_byte_rate`` (a throttled one is emptied and un-recorded, as in
   ``KafkaApis``, so its records are not charged either), then ``consumer_record_rate``;
+- ShareFetch response: the same, except that a throttled one is delivered (the proxy never
+  empties a share fetch, whose records the broker acquired), so its records are charged;
 - CreateTopics, CreatePartitions, DeleteTopics: ``controller_mutation_rate``, strict (KIP-599).
 
 The replay is open loop: a throttled or rejected client is assumed to send what it sent
@@ -39,7 +41,7 @@ from quotas.common import (
 )
 from usage.schema import OTHER
 
-from .kinds import DEMAND, FETCH, MUTATING, PER_WINDOW, PRODUCE
+from .kinds import DEMAND, FETCH, MUTATING, PER_WINDOW, PRODUCE, SHARE_FETCH
 
 ANY = "(any)"  # a request held back by any quota
 REPLAY_SCHEMA = (
@@ -160,15 +162,16 @@ def _run_events(user, rows, quotas, producer_ids, limited, pid_rule, held, max_e
                         t = check(user, cid, kind, int(amounts[i]), now).throttle_ms
                         hold(cid, kind, n, t)
                         throttle = max(throttle, t)
-        elif api == FETCH:
+        elif api == FETCH or api == SHARE_FETCH:
             t = 0
             if CONSUMER_BYTE_RATE in kinds and resp_bytes[i]:
                 t = check(user, cid, CONSUMER_BYTE_RATE, int(resp_bytes[i]), now).throttle_ms
                 hold(cid, CONSUMER_BYTE_RATE, n, t)
-                if t:  # KafkaApis: answered empty, its bytes un-recorded, no records delivered
+                if t and api == FETCH:  # KafkaApis: answered empty, its bytes un-recorded, no records
                     quotas.unrecord(user, cid, CONSUMER_BYTE_RATE, int(resp_bytes[i]), now)
                 throttle = max(throttle, t)
-            if not t and CONSUMER_RECORD_RATE in kinds and records[i]:
+            emptied = t and api == FETCH
+            if not emptied and CONSUMER_RECORD_RATE in kinds and records[i]:
                 t = check(user, cid, CONSUMER_RECORD_RATE, int(records[i]), now).throttle_ms
                 hold(cid, CONSUMER_RECORD_RATE, n, t)
                 throttle = max(throttle, t)

@@ -53,9 +53,15 @@ def _node_endpoints(body: Buffer, pos: int) -> int:
     return max(count, 0)
 
 
+_KNOWN_VERSIONS = 1  # protocol/schemas: a later version may move fields, so it is not guessed at
+
+
 def _head(body: Buffer, version: int, api_key: int) -> int:
     """The position of Responses: after throttle_time_ms, error code, error message (and, in
     ShareFetch v1+, AcquisitionLockTimeoutMs)."""
+    if not 0 <= version <= _KNOWN_VERSIONS:
+        raise ScanError(f"{'ShareFetch' if api_key == ApiKey.SHARE_FETCH else 'ShareAcknowledge'}Response "
+                        f"v{version} is not a version the proxy knows")
     pos = _skip_compact_bytes(body, 4 + 2)
     if api_key == ApiKey.SHARE_FETCH and version >= 1:
         pos += 4

@@ -1,6 +1,6 @@
 """KIP-731 rate limiters: a pluggable way to say how long a client should pause.
 
-A :class:`RateLimiter` is told what each request (and each Fetch response) carried —
+A :class:`RateLimiter` is told what each request (and each Fetch or ShareFetch response) carried —
 :meth:`~RateLimiter.accumulate` — and asked how long the client that sent it should wait —
 :meth:`~RateLimiter.throttle_ms`. The proxy applies the longest throttle of all limiters and
 quotas once (KIP-731: "a collection of RateLimiters should only sleep by the max throttleTime").
@@ -27,6 +27,8 @@ from quotas.entities import QuotaRule
 
 PRODUCE = 0
 FETCH = 1
+SHARE_FETCH = 78  # KIP-932: a share consumer's fetch, its records charged as a Fetch's
+_FETCHES = frozenset({FETCH, SHARE_FETCH})
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,8 +36,8 @@ class Usage:
     """What one request, or one Fetch response, carried, and whose it was.
 
     ``response`` is False for a request (``size_bytes`` is the request's size; ``batches`` and
-    ``records`` are those of a Produce request) and True for a Fetch response (the records it
-    delivers). Record counts come from batch headers; nothing is decompressed.
+    ``records`` are those of a Produce request) and True for a Fetch or ShareFetch response (the
+    records it delivers; ``api_key`` says which). Record counts come from batch headers; nothing is decompressed.
     """
 
     user: str
@@ -66,8 +68,9 @@ class RateLimiter(ABC):
 
     ``kinds`` names the quota kinds a limiter enforces, so a configuration that sets such a
     quota without the limiter that enforces it is refused. ``api_keys`` are the request APIs it
-    wants to see (None: all); ``fetch_responses`` whether it wants Fetch responses too. Both are
-    read after :meth:`configure`, so a limiter with nothing to enforce can ask for nothing.
+    wants to see (None: all); ``fetch_responses`` whether it wants Fetch and ShareFetch responses
+    too. Both are read after :meth:`configure`, so a limiter with nothing to enforce can ask for
+    nothing.
     Every method is called on the proxy's event loop and must not block.
     """
 
@@ -121,7 +124,7 @@ class _QuotaKindLimiter(RateLimiter):
 
     def _kind(self, usage: Usage) -> str | None:
         if usage.response:
-            return self.response_kind if usage.api_key == FETCH else None
+            return self.response_kind if usage.api_key in _FETCHES else None
         return self.request_kinds.get(usage.api_key)
 
     def _amount(self, usage: Usage) -> int:

@@ -25,16 +25,13 @@ _DECODED = (
     ApiKey.FETCH,
     ApiKey.SASL_HANDSHAKE,
     ApiKey.SASL_AUTHENTICATE,
+    ApiKey.SHARE_FETCH,  # KIP-932, protocol.share_messages
+    ApiKey.SHARE_ACKNOWLEDGE,
 )
 
 
 def default_caps() -> dict[int, int | None]:
     caps: dict[int, int | None] = {key: SPECS[key].max_version for key in _DECODED}
-    # Share-group responses carry NodeEndpoints the proxy cannot decode (kafka-python has no
-    # schema for them), so they would leak broker addresses: hide them from clients.
-    # Their family (API_FAMILIES) goes with them: ShareGroupHeartbeat and ShareGroupDescribe.
-    caps[ApiKey.SHARE_FETCH] = None
-    caps[ApiKey.SHARE_ACKNOWLEDGE] = None
     # DescribeQuorum v2 lists controller endpoints, which the proxy does not serve.
     caps[ApiKey.DESCRIBE_QUORUM] = 1
     return caps

@@ -38,7 +38,7 @@ class RateLimiterFilter:
         self._on_fetch = tuple(lim for lim in self.limiters if lim.fetch_responses)
         self.spec = FilterSpec(
             request_keys=None if self._all_apis else frozenset(self._by_key),
-            response_keys=frozenset({ApiKey.FETCH}) if self._on_fetch else frozenset(),
+            response_keys=frozenset({ApiKey.FETCH, ApiKey.SHARE_FETCH}) if self._on_fetch else frozenset(),
             idle=not (self._all_apis or self._by_key or self._on_fetch),  # no limiter wants to see anything
         )
 

@@ -1,6 +1,7 @@
 """Rate quotas: request_rate on every request, producer_byte_rate on Produce, consumer_byte_rate
-on Fetch responses. Record, then check (Kafka's Sensor.record with checkQuotas); the throttle
-is part of the decision (Forward) and becomes the response's throttle_time_ms and a mute."""
+on Fetch and ShareFetch responses. Record, then check (Kafka's Sensor.record with checkQuotas);
+the throttle is part of the decision (Forward) and becomes the response's throttle_time_ms and a
+mute."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import time
 from protocol.apis import ApiKey
 from protocol.fetch import cap_fetch_bytes, fetch_session, throttled_fetch_body
 from protocol.headers import response_body_offset
+from protocol.share_fetch import cap_share_fetch_bytes
 from quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, REQUEST_RATE, QuotaManager
 
 from .api import FilterSpec, Forward
@@ -19,7 +21,8 @@ def now_ms() -> int:
 
 
 class RateQuotaFilter:
-    """request_rate and producer_byte_rate on requests, consumer_byte_rate on Fetch responses."""
+    """request_rate and producer_byte_rate on requests, consumer_byte_rate on Fetch and
+    ShareFetch responses."""
 
     def __init__(self, manager: QuotaManager, max_value_window_s: float, clock=now_ms) -> None:
         self.manager = manager
@@ -28,9 +31,10 @@ class RateQuotaFilter:
 
     @property
     def spec(self) -> FilterSpec:
-        """Every request, and Fetch responses; idle without any quota entry (nothing to record
-        or check)."""
-        return FilterSpec(request_keys=None, response_keys=frozenset({ApiKey.FETCH}), idle=not self.manager.rules)
+        """Every request, and (Share)Fetch responses; idle without any quota entry (nothing to
+        record or check)."""
+        return FilterSpec(request_keys=None, response_keys=frozenset({ApiKey.FETCH, ApiKey.SHARE_FETCH}),
+                          idle=not self.manager.rules)
 
     def on_request(self, ctx, header, frame, entry):
         manager = self.manager
@@ -50,17 +54,23 @@ class RateQuotaFilter:
             if capped is not frame or throttle:
                 return Forward(None if capped is frame else capped, throttle_ms=throttle)
             return None
+        elif key == ApiKey.SHARE_FETCH and header.body_offset >= 0:
+            capped = self._cap_fetch(header, frame, user, client_id, cap_share_fetch_bytes)
+            if capped is not frame or throttle:
+                return Forward(None if capped is frame else capped, throttle_ms=throttle)
+            return None
         return Forward(throttle_ms=throttle) if throttle else None
 
-    def _cap_fetch(self, header, frame, user: str, client_id: str):
-        # KafkaApis.handleFetchRequest: a fetch may not ask for more than the quota admits in
+    def _cap_fetch(self, header, frame, user: str, client_id: str, cap=cap_fetch_bytes):
+        # KafkaApis.handleFetchRequest (and handleFetchFromShareFetchRequest, KIP-932): a fetch
+        # may not ask for more than the quota admits in
         # (samples - 1) windows (ClientQuotaManager.getMaxValueInQuotaWindow), or a response
         # larger than the window could hold would be throttled, emptied and asked for again forever.
         resolved = self.manager.resolve(user, client_id, CONSUMER_BYTE_RATE)
         if resolved is None:
             return frame
-        cap = max(int(resolved.quota * self.max_value_window_s), 1)
-        return cap_fetch_bytes(frame, header.body_offset, header.api_version, min(cap, 2**31 - 1))
+        cap_bytes = max(int(resolved.quota * self.max_value_window_s), 1)
+        return cap(frame, header.body_offset, header.api_version, min(cap_bytes, 2**31 - 1))
 
     def on_response(self, ctx, entry, frame):
         manager = self.manager
@@ -72,6 +82,12 @@ class RateQuotaFilter:
         throttle = manager.check_and_record(user, client_id, CONSUMER_BYTE_RATE, size, now).throttle_ms
         if throttle <= 0:
             return frame
+        if entry.api_key == ApiKey.SHARE_FETCH:
+            # Not as KafkaApis.handleShareFetchRequest, which answers empty and un-records: the
+            # broker has acquired these records for this member, and an empty answer would leave
+            # them locked until their acquisition lock expires, a delivery attempt spent
+            # (group.share.delivery.count.limit). They are delivered; the mute holds the rate.
+            return Forward(frame, throttle_ms=max(entry.throttle_ms, throttle))
         # KafkaApis: a fetch over its byte quota is answered empty, and its bytes un-recorded.
         manager.unrecord(user, client_id, CONSUMER_BYTE_RATE, size, now)
         throttle = max(entry.throttle_ms, throttle)

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import logging
 
+from protocol.apis import ApiKey
+from protocol.errors import ProtocolError
 from protocol.headers import response_body_offset
 from protocol.records import ProduceScan, RecordsError, count_fetch_records, scan_produce_request
+from protocol.share_scan import scan_share_fetch
 
 from ..logs import LogLimiter
 
@@ -36,7 +39,7 @@ def produce_scan(ctx, header, frame, entry) -> ProduceScan | None:
 
 
 def count_fetched(ctx, entry, frame) -> bool:
-    """Counts a Fetch response's records and batches onto its in-flight entry, once.
+    """Counts a Fetch (or ShareFetch) response's records and batches onto its in-flight entry, once.
 
     False for a response whose batches cannot be read: it is counted and logged, and passes on
     as it is, uncounted and uncharged.
@@ -44,13 +47,18 @@ def count_fetched(ctx, entry, frame) -> bool:
     if entry.records is not None:
         return True
     offset = response_body_offset(frame, entry.api_key, entry.api_version)
+    share = entry.api_key == ApiKey.SHARE_FETCH
     try:
-        counted = count_fetch_records(memoryview(frame)[offset:], entry.api_version)
-    except RecordsError as exc:
-        ctx.stats.records_scan_failures["Fetch"] += 1
+        if share:
+            counted = scan_share_fetch(memoryview(frame)[offset:], entry.api_version).delivered
+        else:
+            counted = count_fetch_records(memoryview(frame)[offset:], entry.api_version)
+    except ProtocolError as exc:  # RecordsError, or a ShareFetch body that does not scan
+        api = "ShareFetch" if share else "Fetch"
+        ctx.stats.records_scan_failures[api] += 1
         _unreadable.log(logging.WARNING,
-                        "unreadable record batches in a Fetch response for %s: %s; not counted or charged",
-                        ctx.label, exc)
+                        "unreadable record batches in a %s response for %s: %s; not counted or charged",
+                        api, ctx.label, exc)
         entry.records = 0
         return False
     entry.records, entry.batches = counted.records, counted.batches

@@ -1,5 +1,5 @@
 """What the usage log needs that no quota filter counted: the records and new producer ids of
-every Produce request and the records of every Fetch response, quota or not."""
+every Produce request and the records of every Fetch and ShareFetch response, quota or not."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from .records import count_fetched, produce_scan
 
 
 class UsageFilter:
-    spec = FilterSpec(request_keys=frozenset({ApiKey.PRODUCE}), response_keys=frozenset({ApiKey.FETCH}))
+    spec = FilterSpec(request_keys=frozenset({ApiKey.PRODUCE}),
+                      response_keys=frozenset({ApiKey.FETCH, ApiKey.SHARE_FETCH}))
 
     def __init__(self, producer_ids: ProducerIdObserver, count_fetch_records: bool = True, clock=now_ms) -> None:
         self.producer_ids = producer_ids

@@ -23,7 +23,7 @@ from quotas.common import CONTROLLER_MUTATION_RATE, PRODUCER_IDS_RATE
 from .usage_rows import write_rows
 
 S = 1_800_000_000  # a multiple of 10 and of 3600: intervals and producer-id windows align
-PRODUCE, FETCH, CREATE_TOPICS = 0, 1, 19
+PRODUCE, FETCH, CREATE_TOPICS, SHARE_FETCH = 0, 1, 19, 78
 
 
 # -- the recommendation rule, by hand ------------------------------------------------------------
@@ -255,6 +255,29 @@ def test_replay_of_rate_quota_throttles_like_the_engine():
     row = out["producer_byte_rate"]
     assert (row[6], row[7]) == (throttled, total_ms)
     assert throttled > 0 and math.isclose(row[5], 50000)
+
+
+def test_a_throttled_share_fetch_is_delivered_and_charged_where_a_fetch_is_emptied():
+    """Same demand as Fetch and as ShareFetch (KIP-932): a throttled Fetch is emptied and its
+    bytes un-recorded (KafkaApis), so its records are not charged; a throttled ShareFetch is
+    delivered (the proxy never empties a share fetch), its bytes stay and its records count."""
+    config = parse_config(yaml.safe_load(
+        'upstream: {bootstrap_servers: ["h:1"]}\n'
+        'quotas: [{client_id: c, consumer_byte_rate: 1000, consumer_record_rate: 10}]\n'
+        'rate_limiters: [{class: "quotas.limiters:RecordRateLimiter"}]'))
+
+    def replayed(api_key: int) -> dict:
+        rows = [dict(interval_start=(S + 10 * i) * 1000, interval_seconds=10, client_id="c", api_key=api_key,
+                     requests=10, request_bytes=0, response_bytes=30_000, records=300, batches=10,
+                     partition_mutations=0, new_producer_ids=0) for i in range(3)]
+        return {r[3]: r for r in replay_user("p1", "ANONYMOUS", pd.DataFrame(rows), config)}
+
+    fetch, share = replayed(FETCH), replayed(SHARE_FETCH)
+    assert fetch["consumer_byte_rate"][6] > 0 and share["consumer_byte_rate"][6] > 0  # both throttled
+    # Delivered bytes stay recorded: the share consumer is throttled longer.
+    assert share["consumer_byte_rate"][7] > fetch["consumer_byte_rate"][7]
+    # And its records are charged, where the emptied fetches delivered none to charge.
+    assert share["consumer_record_rate"][7] > fetch["consumer_record_rate"][7]
 
 
 def test_events_spread_requests_and_split_amounts():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+from types import SimpleNamespace
 
 import pytest
 from kafka.protocol.admin import DescribeClusterResponse
@@ -13,6 +14,8 @@ from kafka.protocol.producer import ProduceResponse
 from protocol import errors, rewrite
 from protocol.apis import ApiKey
 from protocol.messages import decode_response, encode_body
+from proxy.filters.api import Close
+from proxy.filters.api_versions import ApiVersionsFilter
 from tests.support.kafka_messages import (
     describe_cluster_response,
     fetch_response,
@@ -234,6 +237,15 @@ def test_a_family_the_broker_lists_in_part_is_removed_whole_and_a_whole_one_kept
     before = encode_body(whole)
     rewrite.cap_api_versions(whole, {}, [SHARE_FAMILY])
     assert encode_body(whole) == before
+
+
+def test_the_filter_closes_a_connection_sending_an_api_of_a_family_it_hides():
+    f = ApiVersionsFilter(caps={ApiKey.SHARE_FETCH: None})
+    assert f.hidden == SHARE_FAMILY and SHARE_FAMILY <= f.spec.request_keys
+    header = SimpleNamespace(api_key=76, api_version=1, correlation_id=3)
+    decision = f.on_request(None, header, b"", None)
+    assert isinstance(decision, Close) and "ShareGroupHeartbeat (api key 76) v1 is not offered" in decision.reason
+    assert ApiVersionsFilter().hidden == frozenset()  # the proxy carries every share API
 
 
 def test_cap_with_no_caps_changes_nothing():

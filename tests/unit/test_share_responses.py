@@ -255,3 +255,11 @@ def test_a_moved_partitions_current_leader_is_learned(api_key, version):
     assert cache.leader("orders", 1) == PartitionLeader(3, 5)
     assert cache.leader("orders", 0) == PartitionLeader(1, 4)
     assert ctx.stats.leader_hints["broker"] == 1
+
+
+@pytest.mark.parametrize("api_key", [ApiKey.SHARE_FETCH, ApiKey.SHARE_ACKNOWLEDGE])
+def test_a_version_past_what_the_proxy_knows_is_refused_not_guessed(api_key):
+    body = (share_fetch_body(1, [OK_PARTITION])[0] if api_key == ApiKey.SHARE_FETCH
+            else share_acknowledge_body(1, [(0, 0, 1, 4)])[0])
+    with pytest.raises(ProtocolError, match="not a version the proxy knows"):
+        scan_share_response(body, 2, api_key)
