@@ -23,7 +23,9 @@ from protocol.apis import ApiKey
 from tests.support.inproc import InProcessProxy
 from tests.support.scripted_broker import Script, ScriptedCluster
 from tests.support.scripted_handlers import default_api_versions
+from tests.support.share_broker import ShareGroups
 from tests.support.wire import api_versions
+from tests.unit.test_records import batch
 
 pytestmark = pytest.mark.integration
 
@@ -124,3 +126,103 @@ def test_librdkafkas_share_consumer_is_told_at_once_and_sends_nothing_of_the_fam
     assert all(cluster.requests_for(key) == [] for key in SHARE_FAMILY)
     # Its back-off is about a second: a handful of coordinator lookups in 3 s, not thousands.
     assert 1 <= len(cluster.requests_for(ApiKey.FIND_COORDINATOR)) <= 10
+
+
+# -- a real share consumer through the proxy ---------------------------------------------------------
+
+def share_cluster(brokers: int = 1):
+    script = Script()
+    groups = ShareGroups()
+    groups.install(script)
+    return ScriptedCluster(brokers=brokers, script=script).threaded(), groups
+
+
+def consume(consumer, want: int, timeout_s: float = 20.0) -> list[tuple[int, int, bytes]]:
+    got: list[tuple[int, int, bytes]] = []
+    start = time.monotonic()
+    while len(got) < want and time.monotonic() - start < timeout_s:
+        for m in consumer.poll(0.3):
+            assert m.error() is None, m.error()
+            got.append((m.partition(), m.offset(), m.value()))
+    consumer.poll(0.3)  # implicit acknowledgement of the last records goes with the next poll
+    return got
+
+
+def test_librdkafkas_share_consumer_reads_and_acknowledges_everything_through_the_proxy():
+    cluster_cm, groups = share_cluster()
+    with cluster_cm as cluster:
+        topic = cluster.call(cluster.add_topic, "orders", 2, [1, 1])
+        for p in topic.partitions:
+            cluster.call(cluster.append, p, batch(5))
+        with InProcessProxy(cluster.bootstrap_servers) as proxy:
+            consumer = ShareConsumer({"bootstrap.servers": proxy.bootstrap, "group.id": "orders-workers"})
+            try:
+                consumer.subscribe(["orders"])
+                got = consume(consumer, 10)
+            finally:
+                consumer.close()
+            assert sorted((p, o) for p, o, _ in got) == [(p, o) for p in (0, 1) for o in range(5)]
+            assert {v for _, _, v in got} == {b"value-%d" % i * 3 for i in range(5)}
+            # Every record acknowledged once (accepted), and the member left the group on close.
+            assert groups.acknowledged_offsets() == {(topic.topic_id, p, o) for p in (0, 1) for o in range(5)}
+            assert {types for *_, types in groups.acknowledged} == {(1,)}
+            assert len(groups.left) == 1
+            for api in ("ShareGroupHeartbeat", "ShareFetch", "ShareAcknowledge"):
+                assert proxy.metric("kqp_requests_total", api=api) >= 1, api
+
+
+def test_a_moved_partition_is_found_through_the_proxy_and_no_broker_address_reaches_the_client():
+    """Partition 0 moves from broker 1 to broker 2 while the consumer reads: broker 1 answers its
+    ShareFetch NOT_LEADER_OR_FOLLOWER with CurrentLeader and broker 2's address in NodeEndpoints;
+    the client must go on at the proxy's listener for node 2, never at broker 2 itself."""
+    cluster_cm, groups = share_cluster(brokers=2)
+    with cluster_cm as cluster:
+        topic = cluster.call(cluster.add_topic, "orders", 1, [1])
+        cluster.call(cluster.append, topic.partitions[0], batch(3))
+        lines = _Lines()
+        logger = logging.getLogger("test.share-consumer.moved")
+        logger.addHandler(lines)
+        logger.setLevel(logging.DEBUG)
+        with InProcessProxy(cluster.bootstrap_servers) as proxy:
+            consumer = ShareConsumer({"bootstrap.servers": proxy.bootstrap, "group.id": "movers",
+                                      "debug": "broker", "logger": logger})
+            try:
+                consumer.subscribe(["orders"])
+                first = consume(consumer, 3)
+                cluster.call(cluster.move_leader, "orders", 0, 2)
+                cluster.call(cluster.append, topic.partitions[0], batch(4))
+                second = consume(consumer, 4)
+            finally:
+                consumer.close()
+                logger.removeHandler(lines)
+            assert [o for _, o, _ in first] == [0, 1, 2] and sorted(o for _, o, _ in second) == [3, 4, 5, 6]
+            assert proxy.metric("kqp_leader_hints_total", source="broker") >= 1
+            assert any(r.node_id == 2 for r in cluster.requests_for(ApiKey.SHARE_FETCH))
+        broker_ports = {str(cluster.broker(n).address[1]) for n in (1, 2)}
+        seen = " ".join(lines.lines)
+        assert not [p for p in broker_ports if f":{p}" in seen], "the client saw a broker's own address"
+
+
+def test_share_fetches_are_held_to_the_consumer_byte_rate_and_lose_nothing():
+    quota = 4096  # bytes/s; the records below are about 23 KiB
+    cluster_cm, groups = share_cluster()
+    with cluster_cm as cluster:
+        topic = cluster.call(cluster.add_topic, "orders", 1, [1])
+        for _ in range(60):
+            cluster.call(cluster.append, topic.partitions[0], batch(10))
+        with InProcessProxy(cluster.bootstrap_servers, quotas=[{"user": "ANONYMOUS", "consumer_byte_rate": quota}],
+                            quota_windows={"quota_window_num": 2, "quota_window_size_seconds": 1}) as proxy:
+            consumer = ShareConsumer({"bootstrap.servers": proxy.bootstrap, "group.id": "slow"})
+            try:
+                consumer.subscribe(["orders"])
+                start = time.monotonic()
+                got = consume(consumer, 600, timeout_s=40)
+                elapsed_s = time.monotonic() - start
+            finally:
+                consumer.close()
+            assert sorted(o for _, o, _ in got) == list(range(600))  # every record once, none emptied away
+            assert proxy.metric("kqp_quota_throttled_total", kind="consumer_byte_rate") > 0
+            # Each ShareFetch asked for at most quota x window, and the mute held the rate: about
+            # 23 KiB at 4 KiB/s, less the first two windows' allowance, takes more than 3.5 s.
+            assert max(r.body.max_bytes for r in cluster.requests_for(ApiKey.SHARE_FETCH)) <= quota
+            assert elapsed_s > 2.5, f"{len(got)} records in {elapsed_s:.1f} s at {quota} bytes/s"

@@ -37,7 +37,13 @@ if TYPE_CHECKING:
 
 from protocol.apis import SPECS, ApiKey
 from protocol.frames import FrameError, FrameReader, frame
-from protocol.headers import HeaderError, encode_response_header, parse_request_header, response_header_is_flexible
+from protocol.headers import (
+    HeaderError,
+    encode_response_header,
+    parse_request_header,
+    response_header_is_flexible,
+    skip_tagged_fields,
+)
 from protocol.messages import DecodeError, decode_request, encode_body
 from tests.support.scripted_handlers import HANDLERS, UNSUPPORTED_VERSION, default_api_versions
 
@@ -94,6 +100,8 @@ class Script:
     throttle_time_ms: dict[int, int] = field(default_factory=dict)  # api key -> the broker's own throttle
     hang_on: set[int] = field(default_factory=set)  # api keys after which a connection never answers
     handlers: dict[int, Handler] = field(default_factory=dict)  # api key -> custom handler
+    # api key -> request class, for APIs neither kafka-python nor protocol/ has a schema for
+    request_classes: dict[int, Any] = field(default_factory=dict)
     default_partitions: int = 1  # num.partitions, for CreateTopics with -1
     fetch_wait_cap_ms: int = 100  # an empty Fetch waits min(max_wait_ms, this) for data
 
@@ -176,7 +184,14 @@ class ScriptedBroker:
         header = parse_request_header(data)
         spec = SPECS.get(header.api_key)
         body = None  # not decoded: an API or version kafka-python does not know
-        if spec is not None and header.api_version <= spec.max_version:
+        extra = self.cluster.script.request_classes.get(header.api_key)
+        if extra is not None and header.api_version <= extra.max_version:
+            # An API protocol/ does not know has no body offset there: request header v2 (these
+            # classes are flexible), the client id then tagged fields.
+            (id_len,) = struct.unpack_from(">h", data, 8)
+            start = skip_tagged_fields(data, 10 + max(id_len, 0))
+            body = extra.decode(bytes(data[start:]), version=header.api_version)
+        elif spec is not None and header.api_version <= spec.max_version:
             body = decode_request(header.api_key, header.api_version, memoryview(data)[header.body_offset :])
         req = ReceivedRequest(self.node_id, conn, header.api_key, header.api_version, header.correlation_id,
                               header.client_id, body, raw=data)
@@ -208,7 +223,10 @@ class ScriptedBroker:
         throttle = script.throttle_time_ms.get(key)
         if throttle is not None and "throttle_time_ms" in type(resp).fields:
             resp.throttle_time_ms = throttle
-        flexible = response_header_is_flexible(key, version)
+        # A request class of the script's own is flexible where its definition says.
+        extra = script.request_classes.get(key)
+        flexible = response_header_is_flexible(key, version) if extra is None else (
+            extra._flexible_versions is not None and version >= extra._flexible_versions[0])
         return frame(encode_response_header(req.correlation_id, flexible) + encode_body(resp))
 
     def default_response(self, req: ReceivedRequest):
