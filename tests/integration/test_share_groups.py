@@ -13,6 +13,7 @@ and spinning on a ShareFetch it may not send.
 from __future__ import annotations
 
 import logging
+import socket
 import struct
 import time
 
@@ -24,7 +25,7 @@ from tests.support.inproc import InProcessProxy
 from tests.support.scripted_broker import Script, ScriptedCluster
 from tests.support.scripted_handlers import default_api_versions
 from tests.support.share_broker import ShareGroups
-from tests.support.wire import api_versions
+from tests.support.wire import api_versions, read_frame
 from tests.unit.test_records import batch
 
 pytestmark = pytest.mark.integration
@@ -226,3 +227,36 @@ def test_share_fetches_are_held_to_the_consumer_byte_rate_and_lose_nothing():
             # 23 KiB at 4 KiB/s, less the first two windows' allowance, takes more than 3.5 s.
             assert max(r.body.max_bytes for r in cluster.requests_for(ApiKey.SHARE_FETCH)) <= quota
             assert elapsed_s > 2.5, f"{len(got)} records in {elapsed_s:.1f} s at {quota} bytes/s"
+
+
+def test_share_group_describe_passes_through_byte_for_byte(stack):
+    """ShareGroupDescribe (77) carries no broker address: the broker's answer comes back as it is."""
+    cluster, proxy = stack
+    # ShareGroupDescribeResponse v1 body: throttle 0, one group, error 0, no message, id "g",
+    # state "Stable", epochs 3 / 3, assignor "Range", no members, authorized operations -2^31.
+    body = (struct.pack(">i", 0) + b"\x02" + struct.pack(">h", 0) + b"\x00" + b"\x02g" + b"\x07Stable"
+            + struct.pack(">ii", 3, 3) + b"\x06" + b"RangeAssignor"[:5] + b"\x01"
+            + struct.pack(">i", -(2 ** 31)) + b"\x00" + b"\x00")
+
+    def answer(broker, req):
+        payload = struct.pack(">i", req.correlation_id) + b"\x00" + body
+        return struct.pack(">i", len(payload)) + payload
+
+    cluster.script.handlers[ApiKey.SHARE_GROUP_DESCRIBE] = answer
+    cluster.script.request_classes[ApiKey.SHARE_GROUP_DESCRIBE] = _AnyBody
+    with socket.create_connection(proxy.address, timeout=10) as s:
+        s.sendall(flexible_request(ApiKey.SHARE_GROUP_DESCRIBE, 1, 9, b"\x02\x02g\x00\x00"))
+        frame = read_frame(s)
+    assert frame == struct.pack(">i", 9) + b"\x00" + body
+    assert proxy.metric("kqp_requests_total", api="ShareGroupDescribe") == 1
+
+
+class _AnyBody:
+    """A request class for the script that reads nothing of the body."""
+
+    max_version = 1
+    _flexible_versions = (0, 32767)
+
+    @classmethod
+    def decode(cls, data, version):
+        return b"not read"

@@ -173,3 +173,15 @@ async def _throttled() -> None:
     assert bytes(resp.responses[0].partitions[0].records) == batch(100)  # delivered whole
     assert pair.client.paused  # muted for the throttle time (KIP-219)
 
+
+
+def test_the_usage_log_counts_the_records_a_share_fetch_delivers():
+    from proxy.filters.usage import UsageFilter
+    from quotas.producer_ids import ProducerIdObserver
+
+    f = UsageFilter(ProducerIdObserver(), clock=Clock())
+    assert ApiKey.SHARE_FETCH in f.spec.response_keys
+    frame = share_fetch_response_frame(1, 5, batch(20), [(0, 11, 1)])[4:]
+    entry = InFlight(5, ApiKey.SHARE_FETCH, 1, 0.0)
+    assert f.on_response(filter_context(), entry, frame) is frame
+    assert (entry.records, entry.batches) == (12, 1)
