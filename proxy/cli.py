@@ -29,15 +29,21 @@ from .tls import server_tls
 log = logging.getLogger(__name__)
 
 
+_DESCRIPTION = ("A Kafka-protocol proxy that enforces Kafka's quotas in front of any Kafka cluster. "
+                "Every subcommand has its own --help.")
+_EPILOG = ("After make, run it as .venv/bin/kafka-quota-proxy, or activate the venv first (source "
+           ".venv/bin/activate). config/example.yaml is a configuration to start from.")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kafka-quota-proxy", description=__doc__)
+    p = argparse.ArgumentParser(prog="kafka-quota-proxy", description=_DESCRIPTION, epilog=_EPILOG)
     sub = p.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run the proxy")
+    run = sub.add_parser("run", help="run the proxy with a configuration file")
     run.add_argument("--config", required=True, help="YAML configuration file")
     run.add_argument("--ready-file", help="write listening addresses here as JSON once serving")
     check = sub.add_parser("check-config", help="validate a configuration file and exit")
     check.add_argument("file")
-    demo = sub.add_parser("demo", help="start a local broker with the proxy in front and use it")
+    demo = sub.add_parser("demo", help="start a local broker with the proxy in front and show it at work")
     demo.add_argument("--duration", type=float, default=None, help="seconds to keep running (default: until Ctrl-C)")
     demo.add_argument("--no-report", dest="report", action="store_false",
                       help="skip the PySpark report on generated usage (saves about a minute)")
@@ -46,7 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     report.add_arguments(sub.add_parser(
         "report", help="turn a usage log into demand tables, recommended quotas, a what-if replay and "
                        "an HTML report (PySpark)"))
-    generate.add_arguments(sub.add_parser("generate-usage", help="write sample multi-tenant usage for report"))
+    generate.add_arguments(sub.add_parser("generate-usage", help="write sample multi-tenant usage to try report on"))
     from . import quotas_cli
 
     quotas_cli.add_arguments(sub.add_parser(
