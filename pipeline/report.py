@@ -119,7 +119,7 @@ def run_report(opts: Options, spark=None) -> Outputs:
 
     with progress.step("spark", "starting Spark"):
         spark = spark or spark_session(opts.master, shuffle_partitions=opts.shuffle_partitions,
-                                       driver_memory=opts.driver_memory)
+                                       driver_memory=opts.driver_memory, console_progress=not opts.quiet)
     from pyspark.sql import functions as F
 
     with spark_errors():

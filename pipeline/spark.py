@@ -19,7 +19,8 @@ _PACKAGES = ("config", "quotas", "pipeline", "protocol", "usage")
 
 
 def spark_session(master: str = "local[*]", app_name: str = "kafka-quota-proxy report",
-                  shuffle_partitions: int | None = None, driver_memory: str | None = None):
+                  shuffle_partitions: int | None = None, driver_memory: str | None = None,
+                  console_progress: bool = True):
     """A session on ``master``. Locally the workers run this interpreter; on a cluster the
     project's packages are shipped to the executors (their Python needs pandas and pyarrow)."""
     from pyspark.sql import SparkSession
@@ -31,7 +32,7 @@ def spark_session(master: str = "local[*]", app_name: str = "kafka-quota-proxy r
     builder = (
         SparkSession.builder.master(master).appName(app_name)
         .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.ui.showConsoleProgress", "true")
+        .config("spark.ui.showConsoleProgress", "true" if console_progress else "false")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.sql.adaptive.enabled", "true")
     )

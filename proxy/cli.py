@@ -47,6 +47,8 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--duration", type=float, default=None, help="seconds to keep running (default: until Ctrl-C)")
     demo.add_argument("--no-report", dest="report", action="store_false",
                       help="skip the PySpark report on generated usage (saves about a minute)")
+    demo.add_argument("--verbose", action="store_true",
+                      help="show the proxy's, the client libraries' and Spark's own logs too")
     from pipeline import generate, report
 
     report.add_arguments(sub.add_parser(
@@ -88,11 +90,13 @@ def main(argv: list[str] | None = None) -> int:
         from pipeline.generate import main as generate_main
 
         return generate_main(args)
-    logs.configure(args.log_level, args.log_format)
     if args.command == "demo":
         from .demo import run_demo
 
-        return _run(run_demo(args.duration, args.report))
+        # The demo prints its own lines; the logs of everything it runs only with --verbose.
+        logs.configure(args.log_level if args.verbose else "error", args.log_format)
+        return _run(run_demo(args.duration, args.report, verbose=args.verbose))
+    logs.configure(args.log_level, args.log_format)
     try:
         loaded = read_config_file(args.config)  # read once: the watcher knows the bytes in force
     except ConfigError as exc:

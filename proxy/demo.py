@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -132,7 +134,7 @@ def _metric_lines(url: str, prefixes: tuple[str, ...]) -> list[str]:
     return [line for line in text.splitlines() if line.startswith(prefixes)]
 
 
-def _sample_report(workdir: Path) -> None:
+def _sample_report(workdir: Path, verbose: bool) -> list[str]:
     """Generated usage of 20 tenants (with a noisy neighbour, a topic storm and a restart loop)
     through ``kafka-quota-proxy report``."""
     import importlib.util
@@ -145,23 +147,74 @@ def _sample_report(workdir: Path) -> None:
     if importlib.util.find_spec("pyspark") is None or shutil.which("java") is None:
         print("   (report skipped: it needs the pipeline extra and Java 17 — "
               "pip install 'kafka-quota-proxy[pipeline]', apt-get install openjdk-17-jre-headless)")
-        return
+        return []
     from pipeline.errors import UsageError
     from pipeline.report import Options, run_report
 
-    print("running the report on it with Spark (local[*]); progress below:")
+    spark_log = workdir / "spark.log"
+    print("running the report on it with Spark (local[*]), about a minute"
+          + (", its progress below:" if verbose else f" (Spark's own output: {spark_log})..."))
     try:
-        result = run_report(Options(usage=str(sample), out=workdir / "sample-report"))
+        with contextlib.nullcontext() if verbose else _stderr_to(spark_log):
+            try:
+                result = run_report(Options(usage=str(sample), out=workdir / "sample-report", quiet=not verbose))
+            finally:
+                _stop_spark()  # its JVM and Python workers need not outlive the report
     except UsageError as exc:
-        print(f"   report failed: {exc}")
-        return
+        print(f"   report failed: {exc} (see {spark_log})")
+        return []
     for line in result.headlines:
         print(f"   {line}")
     print(f"   report: {result.files['html']}")
     print(f"   recommended quotas: {result.files['recommended_quotas']}")
+    return [f"report on the sample: {result.files['html']}",
+            f"recommended quotas: {result.files['recommended_quotas']}"]
 
 
-async def run_demo(duration_s: float | None, report: bool = True) -> int:
+@contextlib.contextmanager
+def _stderr_to(path: Path):
+    """File descriptor 2 goes to ``path`` meanwhile: the JVM Spark starts writes its banner and
+    warnings there, not between the demo's lines."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(path, "ab") as f:
+        os.dup2(f.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _stop_spark() -> None:
+    """Stops the session and the JVM behind it (SparkSession.stop leaves the py4j gateway's JVM,
+    some 700 MB, running until this process exits)."""
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    session = SparkSession.getActiveSession()
+    if session is not None:
+        session.stop()
+    gateway = SparkContext._gateway
+    if gateway is None:
+        return
+    proc = getattr(gateway, "proc", None)  # pyspark.java_gateway.launch_gateway keeps the JVM's Popen here
+    with contextlib.suppress(Exception):
+        gateway.shutdown()
+    if proc is not None:
+        with contextlib.suppress(Exception):
+            proc.stdin.close()  # the gateway server exits when its stdin closes
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            proc.wait(timeout=10)
+    SparkContext._gateway = None
+    SparkContext._jvm = None
+
+
+async def run_demo(duration_s: float | None, report: bool = True, verbose: bool = False) -> int:
     broker = await asyncio.to_thread(LocalTansu().start)
     print(f"Tansu broker (pid {broker.pid}) on {broker.bootstrap}")
     workdir = Path(tempfile.mkdtemp(prefix="kqp-demo-"))
@@ -191,17 +244,21 @@ async def run_demo(duration_s: float | None, report: bool = True) -> int:
         )
         print("\ntenant 'storm' (controller_mutation_rate 4/s, burst 44) creates 10 topics x 2 "
               "partitions per request, back to back:")
-        for i, r in enumerate(await asyncio.to_thread(_topic_storm, bootstrap)):
+        storm = await asyncio.to_thread(_topic_storm, bootstrap)
+        for i, r in enumerate(storm):
             print(f"   request {i + 1}: {r['admitted']:2d} admitted, {r['rejected']:2d} rejected with "
                   f"THROTTLING_QUOTA_EXCEEDED, throttle_time_ms={r['throttle_ms']}, "
                   f"answered after {r['waited_ms']:.0f} ms")
         print(f"\na producer restarting in a loop (producer_ids_rate {PRODUCER_IDS_PER_MINUTE} new ids per "
               "minute; the demo's own producer already used one):")
-        for i, r in enumerate(await asyncio.to_thread(_restart_loop, bootstrap)):
-            outcome = "admitted" if r["error"] == 0 else (
-                "rejected with THROTTLING_QUOTA_EXCEEDED" if r["error"] == 89 else f"error {r['error']}")
-            print(f"   restart {i + 1}: producer id {r['producer_id']}, {outcome}, "
-                  f"throttle_time_ms={r['throttle_ms']}, answered after {r['waited_ms']:.0f} ms")
+        restarts = await asyncio.to_thread(_restart_loop, bootstrap)
+        for i, r in enumerate(restarts):
+            # The broker hands out the id (InitProducerId); the proxy judges the Produce that uses it.
+            outcome = "written" if r["error"] == 0 else (
+                "refused with THROTTLING_QUOTA_EXCEEDED (nothing written)" if r["error"] == 89
+                else f"error {r['error']}")
+            print(f"   restart {i + 1}: new producer id {r['producer_id']} from the broker; its first Produce "
+                  f"{outcome}, throttle_time_ms={r['throttle_ms']}, answered after {r['waited_ms']:.0f} ms")
         lines = await asyncio.to_thread(
             _metric_lines, metrics_url,
             ("kqp_requests_total", "kqp_bytes_total", "kqp_quota_", "kqp_producer_ids_tokens",
@@ -210,10 +267,17 @@ async def run_demo(duration_s: float | None, report: bool = True) -> int:
         print("proxy metrics after the round:")
         for line in lines:
             print("   ", line)
-        if report:
-            await asyncio.to_thread(_sample_report, workdir)
+        reported = await asyncio.to_thread(_sample_report, workdir, verbose) if report else []
         print(f"\nThe proxy's own usage log (every 2 s): {workdir / 'usage'}; a report on it:\n"
-              f"   {Path(sys.argv[0]).name} report --usage {workdir / 'usage'} --out {workdir / 'live-report'}")
+              f"   {_tool()} report --usage {workdir / 'usage'} --out {workdir / 'live-report'}")
+        print("\nSummary:")
+        print(f"   {result['consumed']:,} of {RECORDS:,} records produced and consumed back through the proxy")
+        print(f"   topic storm (controller_mutation_rate): {sum(r['admitted'] for r in storm)} topics created, "
+              f"{sum(r['rejected'] for r in storm)} refused with THROTTLING_QUOTA_EXCEEDED")
+        print(f"   restart loop (producer_ids_rate): {sum(r['error'] == 0 for r in restarts)} producers wrote, "
+              f"{sum(r['error'] == 89 for r in restarts)} were refused")
+        for line in reported:
+            print(f"   {line}")
         print(f"\nPoint any Kafka client at {bootstrap}. Metrics: {metrics_url}  Health: "
               f"{metrics_url.replace('/metrics', '/healthz')}")
         await _wait(duration_s)
@@ -221,6 +285,16 @@ async def run_demo(duration_s: float | None, report: bool = True) -> int:
     finally:
         await server.stop()
         broker.stop()
+
+
+def _tool() -> str:
+    """How to run this tool again from here: .venv/bin/kafka-quota-proxy after make, not a bare
+    name that may not be on PATH."""
+    here = Path(sys.argv[0])
+    if here.name == "kafka-quota-proxy" and here.exists():
+        relative = os.path.relpath(here)
+        return relative if not relative.startswith("..") else str(here)
+    return f"{Path(sys.executable)} -m proxy"
 
 
 async def _wait(duration_s: float | None) -> None:

@@ -153,9 +153,12 @@ class QuotaCollector(Collector):
 
     def collect(self):
         m = self._manager
-        throttled = CounterMetricFamily("kqp_quota_throttled", "Requests throttled, by quota kind", labels=["kind"])
+        throttled = CounterMetricFamily(
+            "kqp_quota_throttled", "Requests admitted with a throttle, by quota kind (refused topics are in "
+            "kqp_quota_rejected_total)", labels=["kind"])
         rejected = CounterMetricFamily(
-            "kqp_quota_rejected", "Requests (topics) rejected with THROTTLING_QUOTA_EXCEEDED", labels=["kind"]
+            "kqp_quota_rejected", "Topics refused with THROTTLING_QUOTA_EXCEEDED (KIP-599 strict mode; their "
+            "responses carry a throttle time too), by quota kind", labels=["kind"]
         )
         for c in m.kind_counters():
             throttled.add_metric([c.kind], c.throttled)
