@@ -53,17 +53,20 @@ def _node_endpoints(body: Buffer, pos: int) -> int:
     return max(count, 0)
 
 
-_KNOWN_VERSIONS = 1  # protocol/schemas: a later version may move fields, so it is not guessed at
+_KNOWN_VERSIONS = 2  # protocol/schemas: a later version may move fields, so it is not guessed at
+# Where AcquisitionLockTimeoutMs (after the top-level error message) first appears.
+_LOCK_TIMEOUT_SINCE = {ApiKey.SHARE_FETCH: 1,
+                       ApiKey.SHARE_ACKNOWLEDGE: 2}  # KIP-1222: a renew acknowledgement extends the lock
 
 
 def _head(body: Buffer, version: int, api_key: int) -> int:
-    """The position of Responses: after throttle_time_ms, error code, error message (and, in
-    ShareFetch v1+, AcquisitionLockTimeoutMs)."""
+    """The position of Responses: after throttle_time_ms, error code, error message (and
+    AcquisitionLockTimeoutMs: ShareFetch v1+, ShareAcknowledge v2+)."""
     if not 0 <= version <= _KNOWN_VERSIONS:
         raise ScanError(f"{'ShareFetch' if api_key == ApiKey.SHARE_FETCH else 'ShareAcknowledge'}Response "
                         f"v{version} is not a version the proxy knows")
     pos = _skip_compact_bytes(body, 4 + 2)
-    if api_key == ApiKey.SHARE_FETCH and version >= 1:
+    if version >= _LOCK_TIMEOUT_SINCE[api_key]:
         pos += 4
     return pos
 

@@ -4,7 +4,8 @@ share groups (Tansu 0.6 does not), so the scripted brokers advertise the share A
 built from Kafka's definitions (protocol.share_messages).
 
 The share APIs are one family (protocol.apis.API_FAMILIES): offered whole when the broker has
-all four at versions the proxy speaks (ShareFetch / ShareAcknowledge capped at v1), hidden
+all four at versions the proxy speaks (ShareFetch / ShareAcknowledge capped at v2, as Kafka 4.2
+defines them), hidden
 whole otherwise, so that a share consumer is never left half-working: it fails at once
 (librdkafka: "ShareGroupHeartbeatRequest not supported by broker") instead of joining a group
 and spinning on a ShareFetch it may not send.
@@ -76,13 +77,16 @@ def test_the_share_family_is_offered_whole_at_the_versions_the_proxy_speaks(stac
     assert through == direct  # nothing else hidden or changed (DescribeQuorum is not listed here)
 
 
-def test_share_fetch_past_v1_is_capped_and_a_broker_needing_v2_hides_the_family():
-    newer = {76: (1, 1), 77: (1, 1), 78: (1, 2), 79: (1, 2)}
+def test_kafka_4_2s_v2_is_offered_a_later_version_capped_and_a_broker_needing_it_hides_the_family():
+    kafka_4_2 = {76: (1, 1), 77: (1, 1), 78: (1, 2), 79: (1, 2)}  # KIP-1206, KIP-1222
+    with cluster_with(kafka_4_2) as cluster, InProcessProxy(cluster.bootstrap_servers) as proxy:
+        assert {k: v for k, v in listed(proxy.address).items() if k in SHARE_FAMILY} == kafka_4_2
+    newer = {76: (1, 1), 77: (1, 1), 78: (1, 3), 79: (1, 3)}  # a version past 2 is not guessed at
     with cluster_with(newer) as cluster, InProcessProxy(cluster.bootstrap_servers) as proxy:
         through = listed(proxy.address)
-        assert (through[78], through[79]) == ((1, 1), (1, 1)) and (through[76], through[77]) == ((1, 1), (1, 1))
-    only_v2 = {76: (1, 1), 77: (1, 1), 78: (2, 2), 79: (1, 1)}
-    with cluster_with(only_v2) as cluster, InProcessProxy(cluster.bootstrap_servers) as proxy:
+        assert (through[78], through[79]) == ((1, 2), (1, 2)) and (through[76], through[77]) == ((1, 1), (1, 1))
+    only_v3 = {76: (1, 1), 77: (1, 1), 78: (3, 3), 79: (1, 2)}
+    with cluster_with(only_v3) as cluster, InProcessProxy(cluster.bootstrap_servers) as proxy:
         assert not set(listed(proxy.address)) & set(SHARE_FAMILY)
 
 

@@ -30,6 +30,7 @@ from tests.unit.test_connection_paths import BASE, Pair, armed_pair, request
 from tests.unit.test_records import batch
 from tests.unit.test_share_responses import B3, NO_TAGS, TOPIC_ID, endpoints_field, share_fetch_body
 
+VERSIONS = (0, 1, 2)
 QUOTA = 1000  # bytes/s
 WINDOW_S = 1.0  # (quota_window_num - 1) x window size
 
@@ -43,19 +44,23 @@ class Clock:
 
 
 def share_fetch_request(version: int, correlation_id: int = 7, max_bytes: int = 52_428_800,
-                        min_bytes: int = 1, client_id: str = "golden") -> bytes:
+                        min_bytes: int = 1, client_id: str = "golden", renew: bool = False) -> bytes:
+    """A ShareFetchRequest, framed. ``renew`` (v2): a renew acknowledgement (KIP-1222), which
+    Kafka accepts only with MaxWaitMs, MinBytes, MaxBytes and MaxRecords all 0."""
     R = ShareFetchRequest[version]
     T = R.FetchTopic
     P = T.FetchPartition
     part = {"partition_index": 0, "acknowledgement_batches": [
-        P.AcknowledgementBatch(first_offset=0, last_offset=1, acknowledge_types=[1])]}
+        P.AcknowledgementBatch(first_offset=0, last_offset=1, acknowledge_types=[4 if renew else 1])]}
     if version == 0:
         part["partition_max_bytes"] = 1 << 20
-    fields = {"group_id": "share-group", "member_id": "m-1", "share_session_epoch": 1, "max_wait_ms": 500,
-              "min_bytes": min_bytes, "max_bytes": max_bytes, "topics": [T(topic_id=TOPIC_ID, partitions=[P(**part)])],
-              "forgotten_topics_data": []}
+    fields = {"group_id": "share-group", "member_id": "m-1", "share_session_epoch": 1,
+              "max_wait_ms": 0 if renew else 500, "min_bytes": min_bytes, "max_bytes": max_bytes,
+              "topics": [T(topic_id=TOPIC_ID, partitions=[P(**part)])], "forgotten_topics_data": []}
     if version >= 1:
-        fields.update(max_records=500, batch_size=500)
+        fields.update(max_records=0 if renew else 500, batch_size=500)
+    if version >= 2:
+        fields.update(share_acquire_mode=1, is_renew_ack=renew)  # KIP-1206 record-limit, KIP-1222
     return request(R(**fields), correlation_id, client_id)
 
 
@@ -72,7 +77,7 @@ def in_flight(framed: bytes):
     return header, InFlight(header.correlation_id, header.api_key, header.api_version, 0.0), frame
 
 
-@pytest.mark.parametrize("version", [0, 1])
+@pytest.mark.parametrize("version", VERSIONS)
 def test_share_fetch_asks_for_no_more_than_the_quota_admits_in_a_window(version):
     manager = QuotaManager([QuotaRule("alice", None, {"consumer_byte_rate": QUOTA})], quota_window_num=2)
     f = RateQuotaFilter(manager, WINDOW_S, Clock())
@@ -83,9 +88,27 @@ def test_share_fetch_asks_for_no_more_than_the_quota_admits_in_a_window(version)
     assert (sent.min_bytes, sent.max_bytes) == (1, QUOTA)  # KafkaApis: min(max_bytes, quota x window)
     untouched = decoded_request(frame, version)
     assert (sent.topics, sent.group_id, sent.member_id) == (untouched.topics, untouched.group_id, untouched.member_id)
+    # Only MaxBytes changed: every other byte (v2's ShareAcquireMode and IsRenewAck among them) kept.
+    changed = [i for i, (a, b) in enumerate(zip(bytes(decision.frame), frame)) if a != b]
+    assert len(decision.frame) == len(frame) and changed and changed[-1] - changed[0] < 4
+    if version >= 2:
+        assert (sent.share_acquire_mode, sent.is_renew_ack) == (1, False)
     # Within the cap already: the very frame.
     small = share_fetch_request(version, max_bytes=500)[4:]
     assert cap_share_fetch_bytes(small, parse_request_header(small).body_offset, version, QUOTA) is small
+
+
+def test_a_renew_acknowledgement_keeps_its_zero_max_and_min_bytes():
+    """KIP-1222: a ShareFetch v2 with IsRenewAck must carry MaxBytes, MinBytes, MaxRecords and
+    MaxWaitMs 0, or Kafka answers INVALID_REQUEST: the byte cap never makes a 0 anything else."""
+    manager = QuotaManager([QuotaRule("alice", None, {"consumer_byte_rate": QUOTA})], quota_window_num=2)
+    f = RateQuotaFilter(manager, WINDOW_S, Clock())
+    header, entry, frame = in_flight(share_fetch_request(2, max_bytes=0, min_bytes=0, renew=True))
+    assert f.on_request(filter_context("alice"), header, frame, entry) is None  # forwarded as it came
+    for cap in (1, QUOTA, 2**31 - 1):
+        assert cap_share_fetch_bytes(frame, header.body_offset, 2, cap) is frame
+    sent = decoded_request(frame, 2)
+    assert (sent.is_renew_ack, sent.max_wait_ms, sent.min_bytes, sent.max_bytes, sent.max_records) == (True, 0, 0, 0, 0)
 
 
 def decoded_request(frame, version: int):
@@ -94,7 +117,7 @@ def decoded_request(frame, version: int):
     return ShareFetchRequest.decode(frame[parse_request_header(frame).body_offset:], version=version)
 
 
-@pytest.mark.parametrize("version", [0, 1])
+@pytest.mark.parametrize("version", VERSIONS)
 def test_a_share_fetch_response_over_the_byte_quota_is_delivered_with_a_throttle(version):
     manager = QuotaManager([QuotaRule("alice", None, {"consumer_byte_rate": QUOTA})], quota_window_num=2)
     clock = Clock()
@@ -127,7 +150,7 @@ def test_consumer_record_rate_counts_the_records_a_share_fetch_delivers():
 
 # -- through a client connection ----------------------------------------------------------------------
 
-@pytest.mark.parametrize("version", [0, 1])
+@pytest.mark.parametrize("version", VERSIONS)
 def test_a_share_fetch_response_split_at_every_byte_boundary_comes_out_whole_and_rewritten(version):
     records = batch(3, offset=100)
     body, at = share_fetch_body(version, [(0, 0, 1, 4, records, [(100, 102, 1)])], [B3])
@@ -150,6 +173,18 @@ def test_a_share_fetch_response_split_at_every_byte_boundary_comes_out_whole_and
     asyncio.run(through([response]))
     for cut in range(1, len(response)):
         asyncio.run(through([response[:cut], response[cut:]]))
+
+
+def test_a_renew_acknowledgement_reaches_the_broker_with_its_zeros_through_a_client_connection():
+    async def run() -> None:
+        raw = {**BASE, "quotas": [{"user": "ANONYMOUS", "consumer_byte_rate": QUOTA}],
+               "quota_windows": {"quota_window_num": 2, "quota_window_size_seconds": 1}}
+        pair = Pair(raw)
+        renew = share_fetch_request(2, correlation_id=4, max_bytes=0, min_bytes=0, client_id="app", renew=True)
+        pair.conn.data_received(renew)
+        assert bytes(pair.requests_seen_by_broker()[-1]) == renew[4:]
+
+    asyncio.run(run())
 
 
 def test_a_throttled_share_fetch_response_carries_its_throttle_time_and_mutes_the_client():

@@ -1,7 +1,8 @@
-"""ShareFetch and ShareAcknowledge responses (KIP-932), v0 and v1: golden bodies written field by
+"""ShareFetch and ShareAcknowledge responses (KIP-932), v0 to v2: golden bodies written field by
 field from Kafka's message definitions (ShareFetchResponse.json, ShareAcknowledgeResponse.json:
 v0 as Kafka 4.0 shipped it; v1 adds AcquisitionLockTimeoutMs to ShareFetchResponse, as Kafka
-4.1+ and librdkafka 2.16 read it), without kafka-python's encoder.
+4.1+ and librdkafka 2.16 read it; v2, Kafka 4.2, adds it to ShareAcknowledgeResponse too,
+KIP-1222, and leaves ShareFetchResponse as v1), without kafka-python's encoder.
 
 They decode to the fields written and encode back to the same bytes; the scanners read their
 error codes, NodeEndpoints and delivered records without decoding; the endpoint filter rewrites
@@ -18,20 +19,23 @@ import uuid
 from types import SimpleNamespace
 
 import pytest
+from kafka.protocol.metadata import ApiVersionsResponse
 from kafka.record import MemoryRecordsBuilder
 
-from protocol.apis import ApiKey
+from protocol import rewrite
+from protocol.apis import API_FAMILIES, ApiKey
 from protocol.errors import ProtocolError
 from protocol.headers import encode_response_header
 from protocol.messages import decode_response, encode_body
 from protocol.records import FetchRecords
 from protocol.share_scan import scan_share_acknowledge, scan_share_fetch, scan_share_response
+from proxy.filters.api_versions import default_caps
 from proxy.filters.endpoints import EndpointRewriteFilter
 from proxy.filters.leaders import LeaderHintFilter
 from proxy.leaders import LeaderCache, PartitionLeader
 from tests.support.filter_context import filter_context
 
-VERSIONS = (0, 1)
+VERSIONS = (0, 1, 2)
 TOPIC_ID = uuid.UUID("5f0c8d6e-1b2a-4c3d-9e8f-0a1b2c3d4e5f")
 MOVED = 6  # NOT_LEADER_OR_FOLLOWER
 LOCK_TIMEOUT_MS = 30_000
@@ -112,8 +116,10 @@ def share_acknowledge_body(version: int, partitions, endpoints=()) -> tuple[byte
     """``partitions``: (index, error code, leader id, leader epoch)."""
     parts = [int32(index) + int16(code) + compact_string(None) + int32(leader) + int32(epoch) + NO_TAGS + NO_TAGS
              for index, code, leader, epoch in partitions]
-    head = int32(0) + int16(0) + compact_string(None) + compact_array([TOPIC_ID.bytes + compact_array(parts)
-                                                                        + NO_TAGS])
+    head = int32(0) + int16(0) + compact_string(None)
+    if version >= 2:
+        head += int32(LOCK_TIMEOUT_MS)  # KIP-1222: AcquisitionLockTimeoutMs, after the error message
+    head += compact_array([TOPIC_ID.bytes + compact_array(parts) + NO_TAGS])
     return head + endpoints_field(endpoints) + NO_TAGS, len(head)
 
 
@@ -148,6 +154,9 @@ def test_share_fetch_golden_body_decodes_field_by_field_and_encodes_back(version
 def test_share_acknowledge_golden_body_decodes_field_by_field_and_encodes_back(version):
     body, _ = share_acknowledge_body(version, [(0, 0, 1, 4), (1, MOVED, 3, 5)], [B3])
     resp = decode_response(ApiKey.SHARE_ACKNOWLEDGE, version, body)
+    assert (resp.throttle_time_ms, resp.error_code, resp.error_message) == (0, 0, None)
+    if version >= 2:
+        assert resp.acquisition_lock_timeout_ms == LOCK_TIMEOUT_MS
     [topic] = resp.responses
     assert topic.topic_id == TOPIC_ID
     assert [(p.partition_index, p.error_code, p.current_leader.leader_id, p.current_leader.leader_epoch)
@@ -259,7 +268,39 @@ def test_a_moved_partitions_current_leader_is_learned(api_key, version):
 
 @pytest.mark.parametrize("api_key", [ApiKey.SHARE_FETCH, ApiKey.SHARE_ACKNOWLEDGE])
 def test_a_version_past_what_the_proxy_knows_is_refused_not_guessed(api_key):
-    body = (share_fetch_body(1, [OK_PARTITION])[0] if api_key == ApiKey.SHARE_FETCH
-            else share_acknowledge_body(1, [(0, 0, 1, 4)])[0])
+    body = (share_fetch_body(2, [OK_PARTITION])[0] if api_key == ApiKey.SHARE_FETCH
+            else share_acknowledge_body(2, [(0, 0, 1, 4)])[0])
     with pytest.raises(ProtocolError, match="not a version the proxy knows"):
-        scan_share_response(body, 2, api_key)
+        scan_share_response(body, 3, api_key)
+
+
+def test_share_acknowledge_v2_has_four_more_bytes_where_v1_has_responses():
+    """KIP-1222's AcquisitionLockTimeoutMs moves everything after the error message: a v1 body
+    read as v2 (or the reverse) does not scan as the same response."""
+    v1, _ = share_acknowledge_body(1, [(1, MOVED, 3, 5)], [B3])
+    v2, _ = share_acknowledge_body(2, [(1, MOVED, 3, 5)], [B3])
+    assert v2 == v1[:7] + int32(LOCK_TIMEOUT_MS) + v1[7:]  # throttle, error code, null message: 7 bytes
+    assert scan_share_acknowledge(v2, 2) == scan_share_acknowledge(v1, 1)
+    for body, version in ((v1, 2), (v2, 1)):
+        with pytest.raises(ProtocolError):
+            scan_share_acknowledge(body, version)
+
+
+# -- what ApiVersions offers -----------------------------------------------------------------------------
+
+def _listed(ranges: dict[int, tuple[int, int]]) -> dict[int, tuple[int, int]]:
+    R = ApiVersionsResponse[3]
+    resp = R(error_code=0, throttle_time_ms=0, api_keys=[R.ApiVersion(api_key=k, min_version=lo, max_version=hi)
+                                                          for k, (lo, hi) in ranges.items()])
+    rewrite.cap_api_versions(resp, default_caps(), API_FAMILIES)
+    return {e.api_key: (e.min_version, e.max_version) for e in resp.api_keys}
+
+
+def test_share_fetch_and_acknowledge_are_offered_up_to_v2_and_never_past_it():
+    assert (default_caps()[ApiKey.SHARE_FETCH], default_caps()[ApiKey.SHARE_ACKNOWLEDGE]) == (2, 2)
+    kafka_4_2 = {76: (1, 1), 77: (1, 1), 78: (1, 2), 79: (1, 2)}
+    assert _listed(kafka_4_2) == kafka_4_2
+    later = {76: (1, 1), 77: (1, 1), 78: (1, 3), 79: (2, 4)}  # a version past 2 is not guessed at
+    assert _listed(later) == {76: (1, 1), 77: (1, 1), 78: (1, 2), 79: (2, 2)}
+    only_v3 = {76: (1, 1), 77: (1, 1), 78: (1, 2), 79: (3, 3), 3: (0, 12)}  # hidden whole
+    assert _listed(only_v3) == {3: (0, 12)}
