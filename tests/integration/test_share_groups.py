@@ -4,11 +4,11 @@ share groups (Tansu 0.6 does not), so the scripted brokers advertise the share A
 built from Kafka's definitions (protocol.share_messages).
 
 The share APIs are one family (protocol.apis.API_FAMILIES): offered whole when the broker has
-all four at versions the proxy speaks (ShareFetch / ShareAcknowledge capped at v2, as Kafka 4.2
-defines them), hidden
-whole otherwise, so that a share consumer is never left half-working: it fails at once
-(librdkafka: "ShareGroupHeartbeatRequest not supported by broker") instead of joining a group
-and spinning on a ShareFetch it may not send.
+all four at versions the proxy speaks (ShareFetch / ShareAcknowledge capped at v2, as Kafka
+4.2 defines them), hidden whole otherwise, so that a share consumer is never left half-working:
+it fails at once (librdkafka: "ShareGroupHeartbeatRequest not supported by broker") instead of
+joining a group and spinning on a ShareFetch it may not send. librdkafka 2.16 speaks v1; v2
+(KIP-1206, KIP-1222) is driven on a raw connection.
 """
 
 from __future__ import annotations
@@ -22,11 +22,13 @@ import pytest
 from confluent_kafka import ShareConsumer
 
 from protocol.apis import ApiKey
+from protocol.messages import decode_response
+from protocol.share_messages import ShareAcknowledgeRequest, ShareFetchRequest
 from tests.support.inproc import InProcessProxy
 from tests.support.scripted_broker import Script, ScriptedCluster
 from tests.support.scripted_handlers import default_api_versions
-from tests.support.share_broker import ShareGroups
-from tests.support.wire import api_versions, read_frame
+from tests.support.share_broker import INVALID_REQUEST, LOCK_TIMEOUT_MS, ShareGroups
+from tests.support.wire import api_versions, read_frame, request_bytes
 from tests.unit.test_records import batch
 
 pytestmark = pytest.mark.integration
@@ -231,6 +233,74 @@ def test_share_fetches_are_held_to_the_consumer_byte_rate_and_lose_nothing():
             # 23 KiB at 4 KiB/s, less the first two windows' allowance, takes more than 3.5 s.
             assert max(r.body.max_bytes for r in cluster.requests_for(ApiKey.SHARE_FETCH)) <= quota
             assert elapsed_s > 2.5, f"{len(got)} records in {elapsed_s:.1f} s at {quota} bytes/s"
+
+
+# -- v2 (Kafka 4.2) on the wire: librdkafka 2.16 speaks v1 ------------------------------------------------
+
+def share_fetch_v2(topic_id, epoch: int, acks=(), renew: bool = False, max_bytes: int = 1 << 20):
+    """A ShareFetchRequest v2 for partition 0; ``acks``: (first, last, types). A renew
+    acknowledgement (KIP-1222) asks for nothing: MaxWaitMs, MinBytes, MaxBytes, MaxRecords 0."""
+    R = ShareFetchRequest[2]
+    P = R.FetchTopic.FetchPartition
+    batches = [P.AcknowledgementBatch(first_offset=f, last_offset=last, acknowledge_types=list(types))
+               for f, last, types in acks]
+    fetching = 0 if renew else 1
+    return R(group_id="g2", member_id="m-v2", share_session_epoch=epoch, max_wait_ms=500 * fetching,
+             min_bytes=fetching, max_bytes=max_bytes * fetching, max_records=500 * fetching, batch_size=500,
+             share_acquire_mode=1, is_renew_ack=renew,  # KIP-1206 record-limit, KIP-1222
+             topics=[R.FetchTopic(topic_id=topic_id, partitions=[P(partition_index=0,
+                                                                   acknowledgement_batches=batches)])],
+             forgotten_topics_data=[])
+
+
+def round_trip(sock, req, api_key: int, correlation_id: int):
+    sock.sendall(request_bytes(req, correlation_id, client_id="share-v2"))
+    frame = read_frame(sock)
+    assert frame is not None and struct.unpack(">i", frame[:4])[0] == correlation_id
+    return decode_response(api_key, 2, frame[5:])  # response header v1, no tagged fields
+
+
+def test_share_fetch_and_acknowledge_v2_through_the_proxy_with_a_renew_acknowledgement():
+    """Kafka 4.2's v2 of both APIs on one connection through a proxy enforcing a byte quota:
+    records fetched (MaxBytes capped), their lock renewed by a ShareFetch with IsRenewAck whose
+    zeros reach the broker as zeros (anything else is INVALID_REQUEST), then accepted by a
+    ShareAcknowledge whose v2 answer carries AcquisitionLockTimeoutMs."""
+    quota = 4096
+    cluster_cm, groups = share_cluster()
+    with cluster_cm as cluster:
+        topic = cluster.call(cluster.add_topic, "orders", 1, [1])
+        cluster.call(cluster.append, topic.partitions[0], batch(5))
+        tid = topic.topic_id
+        with InProcessProxy(cluster.bootstrap_servers, quotas=[{"user": "ANONYMOUS", "consumer_byte_rate": quota}],
+                            quota_windows={"quota_window_num": 2, "quota_window_size_seconds": 1}) as proxy, \
+                socket.create_connection(proxy.address, timeout=10) as s:
+            fetched = round_trip(s, share_fetch_v2(tid, 0), ApiKey.SHARE_FETCH, 1)
+            assert (fetched.error_code, fetched.acquisition_lock_timeout_ms) == (0, LOCK_TIMEOUT_MS)
+            [part] = fetched.responses[0].partitions
+            assert [(a.first_offset, a.last_offset) for a in part.acquired_records] == [(0, 4)]
+            renewed = round_trip(s, share_fetch_v2(tid, 1, [(0, 4, (4,))], renew=True), ApiKey.SHARE_FETCH, 2)
+            assert renewed.error_code == 0
+            assert [p.acquired_records for t in renewed.responses for p in t.partitions] == [[]]
+            ack = ShareAcknowledgeRequest[2]
+            AP = ack.AcknowledgeTopic.AcknowledgePartition
+            accept = ack(group_id="g2", member_id="m-v2", share_session_epoch=2, is_renew_ack=False, topics=[
+                ack.AcknowledgeTopic(topic_id=tid, partitions=[AP(partition_index=0, acknowledgement_batches=[
+                    AP.AcknowledgementBatch(first_offset=0, last_offset=4, acknowledge_types=[1])])])])
+            acked = round_trip(s, accept, ApiKey.SHARE_ACKNOWLEDGE, 3)
+            assert (acked.error_code, acked.acquisition_lock_timeout_ms) == (0, LOCK_TIMEOUT_MS)
+            assert [(p.partition_index, p.error_code) for p in acked.responses[0].partitions] == [(0, 0)]
+        first, renew = [(b.max_bytes, b.min_bytes, b.max_wait_ms, b.max_records, b.is_renew_ack)
+                        for b in (r.body for r in cluster.requests_for(ApiKey.SHARE_FETCH))]
+        assert first == (quota, 1, 500, 500, False)  # MaxBytes capped to quota x window
+        assert renew == (0, 0, 0, 0, True)
+        assert [(r.api_version, r.body.is_renew_ack) for r in cluster.requests_for(ApiKey.SHARE_ACKNOWLEDGE)] \
+            == [(2, False)]
+        assert [a[2:] for a in groups.acknowledged] == [(0, 4, (4,)), (0, 4, (1,))]  # renewed, accepted
+        # The control: the scripted broker refuses, as Kafka does, a renew acknowledgement that asks for bytes.
+        with socket.create_connection(cluster.broker(1).address, timeout=10) as s:
+            bad = share_fetch_v2(tid, 3, [(0, 4, (4,))], renew=True)
+            bad.max_bytes = 1
+            assert round_trip(s, bad, ApiKey.SHARE_FETCH, 4).error_code == INVALID_REQUEST
 
 
 def test_share_group_describe_passes_through_byte_for_byte(stack):

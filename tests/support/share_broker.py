@@ -5,12 +5,15 @@ ShareConsumer) to join, fetch, acknowledge and leave: no broker here serves shar
 - ShareGroupHeartbeat (76, v0-1; definitions in tests/support/share_schemas): a member is given
   every partition of the topics it subscribes to, epoch 1 (a heartbeat without a subscription
   changes nothing); a member leaving (epoch -1) is let go.
-- ShareFetch (78) and ShareAcknowledge (79), v0-1 (protocol.share_messages): one share session
+- ShareFetch (78) and ShareAcknowledge (79), v0-2 (protocol.share_messages): one share session
   per member (epoch 0 opens it with the partitions listed, later epochs add and forget); each
   record is delivered once, acquired with delivery count 1, in whole batches; acknowledgements
   are recorded (:attr:`ShareGroups.acknowledged`) and answered per partition. A partition whose
   leader is another broker answers NOT_LEADER_OR_FOLLOWER with its CurrentLeader and the leader
-  in NodeEndpoints, as Kafka does.
+  in NodeEndpoints, as Kafka does. v2 (Kafka 4.2): a renew acknowledgement (IsRenewAck,
+  KIP-1222) is recorded like any other (type 4) and delivers nothing; a ShareFetch carrying
+  one with MaxWaitMs, MinBytes, MaxBytes or MaxRecords not 0 is answered INVALID_REQUEST, as
+  Kafka does. librdkafka 2.16 speaks v1 and never sends one.
 
 What it does not do, because the tests need none of it: redelivery, acquisition lock expiry,
 several members sharing a partition's records, rebalancing, share-group state persistence.
@@ -29,7 +32,9 @@ from tests.support import share_schemas
 from tests.support.scripted_broker import ReceivedRequest, Script, ScriptedBroker
 
 NOT_LEADER_OR_FOLLOWER = 6
-SHARE_API_VERSIONS = {76: (0, 1), 77: (0, 1), 78: (0, 1), 79: (0, 1)}
+INVALID_REQUEST = 42
+LOCK_TIMEOUT_MS = 30_000
+SHARE_API_VERSIONS = {76: (0, 1), 77: (0, 1), 78: (0, 2), 79: (0, 2)}
 
 
 class ShareGroupHeartbeatRequest(ApiMessage, load_json=share_schemas):
@@ -99,6 +104,12 @@ class ShareGroups:
 
     async def share_fetch(self, broker: ScriptedBroker, req: ReceivedRequest):
         body, v, cluster = req.body, req.api_version, broker.cluster
+        R = ShareFetchResponse[v]
+        renew = v >= 2 and body.is_renew_ack
+        if renew and (body.max_wait_ms or body.min_bytes or body.max_bytes or body.max_records):
+            # KIP-1222: Kafka refuses a renew acknowledgement that also asks for records.
+            return R(throttle_time_ms=0, error_code=INVALID_REQUEST, error_message="renew ack with fetch params",
+                     acquisition_lock_timeout_ms=0, responses=[], node_endpoints=[])
         session = self.sessions.setdefault(body.member_id, set())
         if body.share_session_epoch == 0:
             session.clear()
@@ -109,12 +120,11 @@ class ShareGroups:
         acked = self._acknowledge(body.topics)
         wait_s = min(body.max_wait_ms, cluster.script.fetch_wait_cap_ms) / 1000
         while True:
-            parts, leaders = self._collect(broker, session, acked, max(body.max_bytes, 1))
+            parts, leaders = self._collect(broker, session, acked, max(body.max_bytes, 1), fetch=not renew)
             if any(p.records or p.error_code for _, p in parts) or wait_s <= 0:
                 break
             await cluster.wait_for_data(wait_s)
             wait_s = 0
-        R = ShareFetchResponse[v]
         by_topic: dict[uuid.UUID, list] = {}
         for topic_id, part in parts:
             by_topic.setdefault(topic_id, []).append(part)
@@ -122,10 +132,10 @@ class ShareGroups:
                   "responses": [R.ShareFetchableTopicResponse(topic_id=t, partitions=ps) for t, ps in by_topic.items()],
                   "node_endpoints": cluster.leader_endpoints(R, leaders)}
         if v >= 1:
-            fields["acquisition_lock_timeout_ms"] = 30_000
+            fields["acquisition_lock_timeout_ms"] = LOCK_TIMEOUT_MS
         return R(**fields)
 
-    def _collect(self, broker, session, acked, max_bytes: int):
+    def _collect(self, broker, session, acked, max_bytes: int, fetch: bool = True):
         cluster = broker.cluster
         P = ShareFetchResponse.ShareFetchableTopicResponse.PartitionData
         parts, leaders, size = [], [], 0
@@ -143,7 +153,7 @@ class ShareGroups:
                 continue
             start = self.next_offset.get((topic_id, index), 0)
             records, acquired = b"", []
-            for base, last, batch in p.batches:
+            for base, last, batch in p.batches if fetch else ():
                 if last < start:
                     continue
                 if records and size + len(records) + len(batch) > max_bytes:
@@ -176,4 +186,8 @@ class ShareGroups:
                 parts.append(P(partition_index=p.partition_index, error_code=0, error_message=None,
                                current_leader=leader))
             topics.append(R.ShareAcknowledgeTopicResponse(topic_id=t.topic_id, partitions=parts))
-        return R(throttle_time_ms=0, error_code=0, error_message=None, responses=topics, node_endpoints=[])
+        fields = {"throttle_time_ms": 0, "error_code": 0, "error_message": None, "responses": topics,
+                  "node_endpoints": []}
+        if req.api_version >= 2:
+            fields["acquisition_lock_timeout_ms"] = LOCK_TIMEOUT_MS  # KIP-1222
+        return R(**fields)
