@@ -55,8 +55,8 @@ def _node_endpoints(body: Buffer, pos: int) -> int:
 
 _KNOWN_VERSIONS = 2  # protocol/schemas: a later version may move fields, so it is not guessed at
 # Where AcquisitionLockTimeoutMs (after the top-level error message) first appears.
-_LOCK_TIMEOUT_SINCE = {ApiKey.SHARE_FETCH: 1,
-                       ApiKey.SHARE_ACKNOWLEDGE: 2}  # KIP-1222: a renew acknowledgement extends the lock
+_LOCK_TIMEOUT_SINCE: dict[int, int] = {ApiKey.SHARE_FETCH: 1,
+                                       ApiKey.SHARE_ACKNOWLEDGE: 2}  # KIP-1222: renewing extends the lock
 
 
 def _head(body: Buffer, version: int, api_key: int) -> int:
