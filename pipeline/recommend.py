@@ -87,29 +87,34 @@ def recommendations(intervals, pid_windows, share: float, headroom: float, measu
     return rates.unionByName(pids)
 
 
-def quota_entries(rows) -> tuple[list[dict], list[str]]:
-    """Config entries (one per entity, kinds merged, in a stable order) from recommendation
-    rows (dicts or pandas rows with user, client_id, kind, recommended), and notes on what
-    could not be expressed as a quota entity.
+def entity_key(user: str, client_id: str, kind: str) -> tuple | None:
+    """The quota entity a recommendation for (user, client_id, kind) is written for, as
+    ((field, value), ...), or None when it has none (ANONYMOUS without a client id).
 
     An authenticated user gets user + client_id entries; ANONYMOUS gets client_id entries
     (Kafka's client-id quotas); producer_ids_rate is user-level (KIP-936).
     """
+    if kind in PER_WINDOW:
+        return (("user", user),)
+    if not client_id:
+        return None if user == ANONYMOUS else (("user", user),)
+    if user == ANONYMOUS:
+        return (("client_id", client_id),)
+    return (("user", user), ("client_id", client_id))
+
+
+def quota_entries(rows) -> tuple[list[dict], list[str]]:
+    """Config entries (one per entity, kinds merged, in a stable order) from recommendation
+    rows (dicts or pandas rows with user, client_id, kind, recommended), and notes on what
+    could not be expressed as a quota entity (see :func:`entity_key`)."""
     entities: dict[tuple, dict] = {}
     notes = []
     for row in rows:
         user, client_id, kind, value = row["user"], row["client_id"], row["kind"], row["recommended"]
-        if kind in PER_WINDOW:
-            key = (("user", user),)
-        elif not client_id:
-            if user == ANONYMOUS:
-                notes.append(f"{kind}: requests from ANONYMOUS without a client id cannot be given a quota entity")
-                continue
-            key = (("user", user),)
-        elif user == ANONYMOUS:
-            key = (("client_id", client_id),)
-        else:
-            key = (("user", user), ("client_id", client_id))
+        key = entity_key(user, client_id, kind)
+        if key is None:
+            notes.append(f"{kind}: requests from ANONYMOUS without a client id cannot be given a quota entity")
+            continue
         entry = entities.setdefault(key, dict(key))
         entry[kind] = int(value) if float(value).is_integer() else float(value)
     order = {k: i for i, k in enumerate(ALL_KINDS)}
@@ -123,22 +128,55 @@ def quota_entries(rows) -> tuple[list[dict], list[str]]:
 
 
 def quotas_yaml(entries: list[dict], notes: list[str], share: float, headroom: float,
-                base_config: dict | None, span: tuple[datetime, datetime] | None) -> str:
+                base_config: dict | None, span: tuple[datetime, datetime] | None,
+                comments: dict[tuple, str] | None = None, header: list[str] | None = None) -> str:
     """A configuration file: the base configuration's sections (or a placeholder upstream) with
-    ``quotas:`` replaced by the recommendation. ``check-config`` accepts it as it is."""
+    ``quotas:`` replaced by the recommendation. ``check-config`` accepts it as it is.
+
+    ``comments``: (entity key as :func:`entity_key` gives it, kind) → a sentence, written as a
+    YAML comment above that value; ``header``: more comment lines at the top."""
     when = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     lines = [
         f"# Recommended quotas, by kafka-quota-proxy report at {when}.",
         f"# Each value admits {share:.4g} of the principal's observed demand (by volume, per usage-log",
-        f"# interval) plus {headroom:.0%} headroom.",
+        f"# interval) plus {headroom:.0%} headroom" + (", except the outliers marked below." if comments else "."),
     ]
     if span is not None:
         lines.append(f"# Usage from {span[0]:%Y-%m-%d %H:%M} to {span[1]:%Y-%m-%d %H:%M} UTC.")
+    lines += [f"# {_one_line(h)}" for h in header or ()]
     lines += [f"# Not covered: {n}" for n in notes]
     config = dict(base_config or {})
     if not base_config:
         lines.append("# upstream below is a placeholder: run report with --config to carry yours over.")
         config["upstream"] = {"bootstrap_servers": ["127.0.0.1:9092"]}
     config["quotas"] = entries
-    body = yaml.safe_dump(config, sort_keys=False, default_flow_style=False, allow_unicode=True)
-    return "\n".join(lines) + "\n" + body
+    body = []
+    for section, value in config.items():
+        if section == "quotas" and entries:
+            body += ["quotas:", *_entries_yaml(entries, comments or {})]
+        else:
+            body.append(_dump({section: value}))
+    return "\n".join(lines) + "\n" + "\n".join(body) + "\n"
+
+
+def _dump(value) -> str:
+    return yaml.safe_dump(value, sort_keys=False, default_flow_style=False, allow_unicode=True,
+                          width=float("inf")).rstrip("\n")
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _entries_yaml(entries: list[dict], comments: dict[tuple, str]) -> list[str]:
+    """The quotas list item by item, as yaml.safe_dump writes it, with a comment line above
+    each value that ``comments`` explains."""
+    lines = []
+    for entry in entries:
+        key = tuple((k, entry[k]) for k in ("user", "client_id") if k in entry)
+        for i, (field, value) in enumerate(entry.items()):
+            comment = comments.get((key, field))
+            if comment:
+                lines.append(f"  # {_one_line(comment)}")
+            lines.append(("- " if i == 0 else "  ") + _dump({field: value}))
+    return lines
