@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from quotas.common import ALL_KINDS, PRODUCER_IDS_RATE, USER_LEVEL_ONLY_KINDS
+from quotas.common import ALL_KINDS, ENFORCE, MODES, PRODUCER_IDS_RATE, SHADOW, USER_LEVEL_ONLY_KINDS
 from quotas.entities import QuotaRule
 from quotas.limiters import load_limiter_class
 
@@ -45,7 +45,7 @@ _T = TypeVar("_T")  # what a reader (_int, _number) returns
 _SECTIONS = {
     "upstream", "listen", "metrics", "quota_windows", "quota_entities", "quotas",
     "controller_mutation", "producer_id_quota", "rate_limiters", "leader_discovery",
-    "usage_log", "connections", "reload", "quota_admin",
+    "usage_log", "connections", "reload", "quota_admin", "mode",
 }
 
 
@@ -74,7 +74,10 @@ def parse_config(data: Any) -> Config:
     root = _mapping(data, "$", _SECTIONS)
     if "upstream" not in root:
         raise ConfigError("upstream", "is required")
-    quotas = _quotas(root.get("quotas", []), "quotas")
+    mode = root.get("mode", ENFORCE)
+    if mode not in MODES:
+        raise ConfigError("mode", f"must be {' or '.join(MODES)}, got {mode!r}")
+    quotas = _quotas(root.get("quotas", []), "quotas", mode)
     limiters = _rate_limiters(root.get("rate_limiters"), "rate_limiters")
     _check_limited(quotas, limiters)
     return Config(
@@ -92,6 +95,7 @@ def parse_config(data: Any) -> Config:
         leader_discovery=_leader_discovery(root.get("leader_discovery", {}), "leader_discovery"),
         usage_log=_usage_log(root.get("usage_log", {}), "usage_log"),
         quota_admin=_quota_admin(root.get("quota_admin", {}), "quota_admin"),
+        mode=mode,
     )
 
 
@@ -265,13 +269,14 @@ def _quota_entities(data: Any, path: str) -> QuotaEntities:
     )
 
 
-def parse_quotas(data: Any, path: str = "quotas") -> tuple[QuotaRule, ...]:
-    """A configuration's ``quotas:`` list (as YAML loaded it) as rules; ConfigError naming the
-    YAML path (``quotas[2].user``) otherwise. Public for ``kafka-quota-proxy quotas apply``."""
-    return _quotas(data, path)
+def parse_quotas(data: Any, path: str = "quotas", mode: str = ENFORCE) -> tuple[QuotaRule, ...]:
+    """A configuration's ``quotas:`` list (as YAML loaded it) as rules, an entry without a
+    ``mode`` of its own in ``mode``; ConfigError naming the YAML path (``quotas[2].user``)
+    otherwise. Public for ``kafka-quota-proxy quotas apply``."""
+    return _quotas(data, path, mode)
 
 
-def _quotas(data: Any, path: str) -> tuple[QuotaRule, ...]:
+def _quotas(data: Any, path: str, mode: str = ENFORCE) -> tuple[QuotaRule, ...]:
     if data is None:
         return ()
     if not isinstance(data, list):
@@ -281,7 +286,10 @@ def _quotas(data: Any, path: str) -> tuple[QuotaRule, ...]:
     key: str | tuple[str | None, str | None]  # a YAML key in the entity loop, then the (user, client_id) pair
     for i, entry in enumerate(data):
         p = f"{path}[{i}]"
-        m = _mapping(entry, p, {"user", "client_id", *ALL_KINDS})
+        m = _mapping(entry, p, {"user", "client_id", "mode", *ALL_KINDS})
+        entry_mode = m.get("mode", mode)
+        if entry_mode not in MODES:
+            raise ConfigError(f"{p}.mode", f"must be {' or '.join(MODES)}, got {entry_mode!r}")
         entity = {}
         for key in ("user", "client_id"):
             if key in m:
@@ -311,7 +319,7 @@ def _quotas(data: Any, path: str) -> tuple[QuotaRule, ...]:
         if key in seen:
             raise ConfigError(p, f"same entity as {path}[{seen[key]}]: merge them")
         seen[key] = i
-        rules.append(QuotaRule(entity.get("user"), entity.get("client_id"), values))
+        rules.append(QuotaRule(entity.get("user"), entity.get("client_id"), values, shadow=entry_mode == SHADOW))
     return tuple(rules)
 
 

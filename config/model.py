@@ -274,3 +274,6 @@ class Config:
     leader_discovery: LeaderDiscovery = field(default_factory=LeaderDiscovery)
     usage_log: UsageLogConfig = field(default_factory=UsageLogConfig)
     quota_admin: QuotaAdminConfig = field(default_factory=QuotaAdminConfig)
+    # The quota entries' mode unless an entry sets its own: enforce, or shadow (every quota
+    # computed and counted, nothing throttled, refused, muted or rewritten).
+    mode: str = "enforce"

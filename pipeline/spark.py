@@ -10,7 +10,7 @@ import zipfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-from usage.schema import COLUMN_NAMES, SCHEMA_VERSION, arrow_schema
+from usage.schema import ADDED_IN, COLUMN_NAMES, READABLE_VERSIONS, arrow_schema
 
 from .errors import UsageError
 
@@ -90,10 +90,12 @@ def _check_local(directory: str) -> None:
 
 
 def read_usage(spark, directory: str, since: datetime | None = None, until: datetime | None = None):
-    """The usage log under ``directory`` (files of every proxy), rows in [since, until).
+    """The usage log under ``directory`` (files of every proxy), rows in [since, until), as
+    the current schema version: an older file's missing columns read as 0.
 
     Raises UsageError naming the file when a file is not readable Parquet, lacks the schema's
-    columns, or carries another schema version; and when nothing is left to report on.
+    columns, or carries a schema version this report does not read; and when nothing is left
+    to report on.
     """
     from pyspark.sql import functions as F
 
@@ -104,14 +106,17 @@ def read_usage(spark, directory: str, since: datetime | None = None, until: date
               .option("recursiveFileLookup", "true"))
     df = reader.parquet(directory).select(*COLUMN_NAMES)
     with spark_errors():
-        bad = (df.where(F.col("schema_version").isNull() | (F.col("schema_version") != SCHEMA_VERSION))
+        bad = (df.where(F.col("schema_version").isNull() | ~F.col("schema_version").isin(*READABLE_VERSIONS))
                  .select(F.input_file_name().alias("file"), F.col("schema_version")).distinct().limit(5).collect())
     if bad:
         listed = "; ".join(f"{r.file} (schema_version "
                            f"{r.schema_version if r.schema_version is not None else 'missing'})"
                            for r in bad)
-        raise UsageError(f"usage log files of an unknown schema version (this report reads version "
-                         f"{SCHEMA_VERSION}): {listed}")
+        raise UsageError(f"usage log files of an unknown schema version (this report reads versions "
+                         f"{', '.join(map(str, READABLE_VERSIONS))}): {listed}")
+    for name, version in ADDED_IN.items():
+        df = df.withColumn(name, F.when(F.col("schema_version") < version, F.lit(0)).otherwise(F.col(name))
+                           .cast(df.schema[name].dataType))
     if since is not None:
         df = df.where(F.col("interval_start") >= F.lit(since))
     if until is not None:

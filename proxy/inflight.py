@@ -40,6 +40,9 @@ class InFlight:
     mutations = 0
     new_producer_ids = 0
     rejected = False
+    # What the quotas in shadow mode would have done to it: their longest throttle, a refusal.
+    shadow_throttle_ms = 0
+    shadow_rejected = False
     # Its request was given a throttle: the connection's later requests wait until the response
     # is sent and the mute that follows it ends (see proxy.mute.ChannelMute).
     holds = False
@@ -68,3 +71,8 @@ class InFlight:
         """Applies a decision's throttle: the longest one asked for wins."""
         if throttle_ms > self.throttle_ms:
             self.throttle_ms = throttle_ms
+
+    def shadow_throttle(self, throttle_ms: int) -> None:
+        """Notes a shadow-mode decision's throttle (counted, never applied): the longest wins."""
+        if throttle_ms > self.shadow_throttle_ms:
+            self.shadow_throttle_ms = throttle_ms

@@ -160,11 +160,21 @@ class QuotaCollector(Collector):
             "kqp_quota_rejected", "Topics refused with THROTTLING_QUOTA_EXCEEDED (KIP-599 strict mode; their "
             "responses carry a throttle time too), by quota kind", labels=["kind"]
         )
+        shadow_throttled = CounterMetricFamily(
+            "kqp_quota_shadow_throttled", "Requests quotas in shadow mode would have throttled (counted as "
+            "kqp_quota_throttled_total counts, nothing applied), by quota kind", labels=["kind"])
+        shadow_rejected = CounterMetricFamily(
+            "kqp_quota_shadow_rejected", "Topics quotas in shadow mode would have refused (counted as "
+            "kqp_quota_rejected_total counts, nothing refused), by quota kind", labels=["kind"])
         for c in m.kind_counters():
             throttled.add_metric([c.kind], c.throttled)
             rejected.add_metric([c.kind], c.rejected)
+            shadow_throttled.add_metric([c.kind], c.shadow_throttled)
+            shadow_rejected.add_metric([c.kind], c.shadow_rejected)
         yield throttled
         yield rejected
+        yield shadow_throttled
+        yield shadow_rejected
         yield GaugeMetricFamily("kqp_quota_live_entities", "Quota entities holding state", value=m.live_entities)
         yield from in_slices(self._entity_steps(entity_budget(self._max_entity_series)))
 
@@ -259,6 +269,10 @@ class ProducerIdCollector(Collector):
         yield CounterMetricFamily(
             "kqp_producer_ids_rejected", "Produce requests rejected for new producer ids over the quota",
             value=m.rejected_total,
+        )
+        yield CounterMetricFamily(
+            "kqp_producer_ids_shadow_rejected", "Produce requests a producer_ids_rate in shadow mode would have "
+            "rejected (or, with reaction: delay, held); forwarded", value=m.shadow_rejected_total,
         )
         yield CounterMetricFamily(
             "kqp_producer_ids_delayed", "Produce requests held until the producer-id quota admitted them",

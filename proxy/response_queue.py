@@ -233,6 +233,7 @@ class ResponseQueue:
             request_bytes=entry.request_bytes, response_bytes=response_bytes, records=entry.records or 0,
             batches=entry.batches, mutations=entry.mutations, new_producer_ids=entry.new_producer_ids,
             throttle_ms=entry.throttle_ms, rejected=entry.rejected, upstream_ms=entry.upstream_ms,
+            shadow_throttle_ms=entry.shadow_throttle_ms, shadow_rejected=entry.shadow_rejected,
         )
 
     def close(self) -> None:

@@ -16,6 +16,7 @@ from config.engines import producer_id_manager_for, quota_manager_for
 from config.model import Config, unenforced_kinds
 from quotas import QuotaManager
 from quotas.client_quota_admin import QuotaEntity, quotas_from_rules, rules_from_quotas
+from quotas.common import SHADOW
 from quotas.entities import QuotaRule
 from quotas.limiters import LimiterContext, RateLimiter
 from quotas.manager import quota_changes
@@ -255,11 +256,16 @@ class ProxyServer:
             await asyncio.sleep(interval_s if manager.tracked_users else max(interval_s, 1.0))
             manager.cleanup(now_ms())
 
-    def quota_rules_over(self, base: tuple[QuotaRule, ...]) -> tuple[QuotaRule, ...]:
-        """The rules in force over the file's ``base``: the quota store's overlay on top."""
+    def quota_rules_over(self, base: tuple[QuotaRule, ...], mode: str | None = None) -> tuple[QuotaRule, ...]:
+        """The rules in force over the file's ``base``: the quota store's overlay on top. An
+        entity keeps the mode its file entry gives it; one only the API set takes the file's
+        global ``mode`` (the configuration in force when None): the API carries values only."""
         if not len(self.quota_store):
             return base  # the very tuple: nothing set through the API
-        return rules_from_quotas(self.quota_store.merged(base))
+        shadow_of = {(r.user, r.client_id): r.shadow for r in base}
+        default = (self.config.mode if mode is None else mode) == SHADOW
+        return tuple(replace(r, shadow=shadow_of.get((r.user, r.client_id), default))
+                     for r in rules_from_quotas(self.quota_store.merged(base)))
 
     def _file_keys(self, entity: QuotaEntity) -> Collection[str]:
         """The keys the file's quotas set for ``entity`` (a removal of another key masks nothing)."""
@@ -305,14 +311,21 @@ class ProxyServer:
         losing them all, or one value) and each one it adds or changes at INFO."""
         before = self.config
         rules_before = self.rules_in_force
-        live = replace(before, quotas=config.quotas, rate_limiters=config.rate_limiters,
+        live = replace(before, quotas=config.quotas, rate_limiters=config.rate_limiters, mode=config.mode,
                        producer_id_quota=replace(before.producer_id_quota, reaction=config.producer_id_quota.reaction))
-        rules = self.quota_rules_over(config.quotas)
+        rules = self.quota_rules_over(config.quotas, config.mode)
         self._put_in_force(live, rules)
         self.config = live
         # Every quota the reload takes away is named: a cut-short file must not pass unnoticed.
         for change in quota_changes(rules_before, rules):
             log.log(logging.WARNING if change.removes_a_quota else logging.INFO, "reload %s", change.describe())
+        shadow_before = {(r.user, r.client_id): r.shadow for r in rules_before}
+        for r in rules:
+            was = shadow_before.get((r.user, r.client_id))
+            if was is not None and was != r.shadow:
+                # Its entities keep their state: what shadow mode counted is what is now enforced.
+                log.warning("reload puts the quotas of %s in %s mode", r.describe(),
+                            "shadow (counted, not applied)" if r.shadow else "enforce")
         if len(self.quota_store):
             log.info("reload: %d quota values set or removed through the Admin API stay over the file's",
                      len(self.quota_store))

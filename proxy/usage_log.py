@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 _COUNTERS = COLUMN_NAMES[KEY_COLUMNS:]
 _REQUESTS, _REQ_BYTES, _RESP_BYTES, _RECORDS, _BATCHES, _MUTATIONS, _NEW_PIDS = range(7)
 _THROTTLE_SUM, _THROTTLE_MAX, _THROTTLED, _REJECTED, _UPSTREAM_MS = range(7, 12)
+_SHADOW_SUM, _SHADOW_MAX, _SHADOW_THROTTLED, _SHADOW_REJECTED = range(12, 16)
 
 
 class Interval(NamedTuple):
@@ -66,6 +67,7 @@ class UsageAggregator:
         self, now_s: float, user: str, client_id: str, api_key: int, *, request_bytes: int,
         response_bytes: int = 0, records: int = 0, batches: int = 0, mutations: int = 0,
         new_producer_ids: int = 0, throttle_ms: int = 0, rejected: bool = False, upstream_ms: float = 0.0,
+        shadow_throttle_ms: int = 0, shadow_rejected: bool = False,
     ) -> None:
         start = int(now_s // self.interval_s) * self.interval_s
         rows = self._intervals.get(start)
@@ -96,6 +98,13 @@ class UsageAggregator:
         if rejected:
             c[_REJECTED] += 1
         c[_UPSTREAM_MS] += upstream_ms
+        if shadow_throttle_ms:
+            c[_SHADOW_SUM] += shadow_throttle_ms
+            c[_SHADOW_THROTTLED] += 1
+            if shadow_throttle_ms > c[_SHADOW_MAX]:
+                c[_SHADOW_MAX] = shadow_throttle_ms
+        if shadow_rejected:
+            c[_SHADOW_REJECTED] += 1
 
     def keys_now(self, now_s: float) -> int:
         start = int(now_s // self.interval_s) * self.interval_s

@@ -23,6 +23,11 @@ TOKEN_BUCKET_KINDS = frozenset({CONTROLLER_MUTATION_RATE})
 USER_LEVEL_ONLY_KINDS = frozenset({PRODUCER_IDS_RATE})
 ALL_KINDS = RATE_KINDS | TOKEN_BUCKET_KINDS | USER_LEVEL_ONLY_KINDS
 
+# A quota entry's mode: enforced, or computed and counted without being applied (shadow).
+ENFORCE = "enforce"
+SHADOW = "shadow"
+MODES = (ENFORCE, SHADOW)
+
 # throttle_time_ms is an int32 on the wire; a longer throttle is reported as this.
 MAX_THROTTLE_MS = 2**31 - 1
 
@@ -31,11 +36,27 @@ class Decision(NamedTuple):
     """The answer to one quota check.
 
     ``admitted`` False only for a strict (KIP-599, error 89) rejection; a rate quota always
-    admits and asks for a throttle instead (KIP-219: answer at once, then mute).
+    admits and asks for a throttle instead (KIP-219: answer at once, then mute). ``shadow``: the
+    quota that decided is in shadow mode, so ``admitted`` and ``throttle_ms`` say what enforcing
+    it would do, and the caller applies neither (it counts them).
     """
 
     admitted: bool
     throttle_ms: int
+
+    @property
+    def shadow(self) -> bool:
+        return False
+
+
+class ShadowDecision(Decision):
+    """A decision of a quota in shadow mode: what enforcing it would do, for the caller to count."""
+
+    __slots__ = ()
+
+    @property
+    def shadow(self) -> bool:
+        return True
 
 
 ADMIT = Decision(True, 0)

@@ -63,12 +63,14 @@ class QuotaRule:
 
     ``user`` / ``client_id``: a name, ``"<default>"``, or None for "not part of the entity".
     ``client_id`` may be a glob (``*``, ``?``, ``[...]``, matched by ``fnmatchcase``).
-    ``values``: quota kind → bound (per second).
+    ``values``: quota kind → bound (per second). ``shadow``: computed and counted, never
+    applied (the entry's ``mode: shadow``).
     """
 
     user: str | None
     client_id: str | None
     values: Mapping[str, float]
+    shadow: bool = False
 
     def __post_init__(self) -> None:
         if self.user is None and self.client_id is None:
@@ -79,7 +81,7 @@ class QuotaRule:
         object.__setattr__(self, "values", MappingProxyType(dict(self.values)))
 
     def __hash__(self) -> int:
-        return hash((self.user, self.client_id, frozenset(self.values.items())))
+        return hash((self.user, self.client_id, frozenset(self.values.items()), self.shadow))
 
     def describe(self) -> str:
         parts = []
@@ -94,7 +96,8 @@ class ResolvedQuota(NamedTuple):
     """The rule that applies, and the entity whose state it is charged to.
 
     ``user`` / ``client_id`` are the entity's labels: None when not part of the entity.
-    ``level`` is 1–8 as in the table above; ``glob`` the matched pattern, if any.
+    ``level`` is 1–8 as in the table above; ``glob`` the matched pattern, if any; ``shadow``
+    whether the rule is in shadow mode.
     """
 
     kind: str
@@ -103,6 +106,7 @@ class ResolvedQuota(NamedTuple):
     client_id: str | None
     level: int
     glob: str | None = None
+    shadow: bool = False
 
     @property
     def key(self) -> tuple[str, str | None, str | None]:
@@ -120,18 +124,20 @@ def _literal_chars(pattern: str) -> int:
 class _KindRules:
     """The rules of one quota kind, indexed for lookup."""
 
-    __slots__ = ("exact", "globs")
+    __slots__ = ("exact", "globs", "shadow")
 
     def __init__(self) -> None:
         # (user spec, client spec) → bound; a spec is a name, _D, or None.
         self.exact: dict[tuple[Any, Any], float] = {}
-        # user spec → [(pattern, bound)], most specific first.
-        self.globs: dict[Any, list[tuple[str, float]]] = {}
+        # user spec → [(pattern, bound, shadow)], most specific first.
+        self.globs: dict[Any, list[tuple[str, float, bool]]] = {}
+        # The (user spec, client spec) of exact entries in shadow mode.
+        self.shadow: set[tuple[Any, Any]] = set()
 
-    def glob_match(self, user_spec: Any, client_id: str) -> tuple[str, float] | None:
-        for pattern, bound in self.globs.get(user_spec, ()):
+    def glob_match(self, user_spec: Any, client_id: str) -> tuple[str, float, bool] | None:
+        for pattern, bound, shadow in self.globs.get(user_spec, ()):
             if fnmatchcase(client_id, pattern):
-                return pattern, bound
+                return pattern, bound, shadow
         return None
 
 
@@ -144,7 +150,7 @@ class EntityResolver:
         self.rules: tuple[QuotaRule, ...] = tuple(rules)
         self.user_level_only_kinds = frozenset(user_level_only_kinds)
         self._kinds: dict[str, _KindRules] = {}
-        globs: dict[tuple[str, Any], list[tuple[int, int, str, float]]] = {}
+        globs: dict[tuple[str, Any], list[tuple[int, int, str, float, bool]]] = {}
         for order, rule in enumerate(self.rules):
             user_spec = _D if rule.user == DEFAULT else rule.user
             client_spec = _D if rule.client_id == DEFAULT else rule.client_id
@@ -152,16 +158,18 @@ class EntityResolver:
                 kr = self._kinds.setdefault(kind, _KindRules())
                 if isinstance(client_spec, str) and _is_glob(client_spec):
                     entry = globs.setdefault((kind, user_spec), [])
-                    if any(p == client_spec for _, _, p, _ in entry):
+                    if any(p == client_spec for _, _, p, _, _ in entry):
                         raise ValueError(f"two {kind} quotas for {rule.describe()}")
-                    entry.append((-_literal_chars(client_spec), order, client_spec, float(bound)))
+                    entry.append((-_literal_chars(client_spec), order, client_spec, float(bound), rule.shadow))
                     continue
                 if (user_spec, client_spec) in kr.exact:
                     raise ValueError(f"two {kind} quotas for {rule.describe()}")
                 kr.exact[(user_spec, client_spec)] = float(bound)
+                if rule.shadow:
+                    kr.shadow.add((user_spec, client_spec))
         for (kind, user_spec), entries in globs.items():
             entries.sort()
-            self._kinds[kind].globs[user_spec] = [(p, b) for _, _, p, b in entries]
+            self._kinds[kind].globs[user_spec] = [(p, b, sh) for _, _, p, b, sh in entries]
 
     def kinds(self) -> frozenset[str]:
         """Quota kinds that have at least one rule."""
@@ -174,22 +182,25 @@ class EntityResolver:
         kr = self._kinds.get(kind)
         if kr is None:
             return None
-        exact = kr.exact
+        exact, shadow = kr.exact, kr.shadow
         # ClientQuotaManager.DefaultQuotaCallback: levels 1-3 for the user, then 4-6 for the
         # <default> user; the sensor is per (user, client id) except at 3 and 6 (per user).
         for level, user_spec in ((1, user), (4, _D)):
-            bound = exact.get((user_spec, client_id))
+            spec: tuple[Any, Any] = (user_spec, client_id)
+            bound = exact.get(spec)
             if bound is not None:
-                return ResolvedQuota(kind, bound, user, client_id, level)
+                return ResolvedQuota(kind, bound, user, client_id, level, None, spec in shadow)
             hit = kr.glob_match(user_spec, client_id)
             if hit is not None:
-                return ResolvedQuota(kind, hit[1], user, client_id, level, hit[0])
-            bound = exact.get((user_spec, _D))
+                return ResolvedQuota(kind, hit[1], user, client_id, level, hit[0], hit[2])
+            spec = (user_spec, _D)
+            bound = exact.get(spec)
             if bound is not None:
-                return ResolvedQuota(kind, bound, user, client_id, level + 1)
-            bound = exact.get((user_spec, None))
+                return ResolvedQuota(kind, bound, user, client_id, level + 1, None, spec in shadow)
+            spec = (user_spec, None)
+            bound = exact.get(spec)
             if bound is not None:
-                return ResolvedQuota(kind, bound, user, None, level + 2)
+                return ResolvedQuota(kind, bound, user, None, level + 2, None, spec in shadow)
         return self._resolve_client_level(kr, kind, client_id)
 
     def resolve_user_level(self, kind: str, user: str) -> ResolvedQuota | None:
@@ -199,10 +210,10 @@ class EntityResolver:
             return None
         bound = kr.exact.get((user, None))
         if bound is not None:
-            return ResolvedQuota(kind, bound, user, None, 3)
+            return ResolvedQuota(kind, bound, user, None, 3, None, (user, None) in kr.shadow)
         bound = kr.exact.get((_D, None))
         if bound is not None:
-            return ResolvedQuota(kind, bound, user, None, 6)
+            return ResolvedQuota(kind, bound, user, None, 6, None, (_D, None) in kr.shadow)
         return None
 
     def resolve_client_level(self, kind: str, client_id: str) -> ResolvedQuota | None:
@@ -215,13 +226,13 @@ class EntityResolver:
         # DefaultQuotaCallback: /config/clients/<client-id>, then <default>; sensor per client id.
         bound = kr.exact.get((None, client_id))
         if bound is not None:
-            return ResolvedQuota(kind, bound, None, client_id, 7)
+            return ResolvedQuota(kind, bound, None, client_id, 7, None, (None, client_id) in kr.shadow)
         hit = kr.glob_match(None, client_id)
         if hit is not None:
-            return ResolvedQuota(kind, hit[1], None, client_id, 7, hit[0])
+            return ResolvedQuota(kind, hit[1], None, client_id, 7, hit[0], hit[2])
         bound = kr.exact.get((None, _D))
         if bound is not None:
-            return ResolvedQuota(kind, bound, None, client_id, 8)
+            return ResolvedQuota(kind, bound, None, client_id, 8, None, (None, _D) in kr.shadow)
         return None
 
     def resolve_entity(self, kind: str, user: str | None, client_id: str | None) -> ResolvedQuota | None:

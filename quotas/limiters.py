@@ -98,6 +98,12 @@ class RateLimiter(ABC):
     def throttle_ms(self, usage: Usage, now_ms: int) -> int:
         """How long the client of ``usage`` should pause now (0: not at all)."""
 
+    def shadow_throttle_ms(self, usage: Usage, now_ms: int) -> int:
+        """How long the client of ``usage`` would pause now if the limiter's quotas in shadow
+        mode (``QuotaRule.shadow``) were enforced; asked after :meth:`throttle_ms`, counted and
+        never applied. A limiter that knows no shadow mode keeps this default: 0."""
+        return 0
+
     def close(self) -> None:
         """Called once when the proxy stops."""
 
@@ -112,9 +118,10 @@ class _QuotaKindLimiter(RateLimiter):
         self.manager = None
         self.api_keys = frozenset()
         self.fetch_responses = False
-        # Recording already yields the throttle (Sensor.record with checkQuotas): kept for the
-        # throttle_ms call that follows on the same usage, so the entity is looked up once.
-        self._last: tuple[Usage | None, int] = (None, 0)
+        # Recording already yields the decision (Sensor.record with checkQuotas): kept for the
+        # throttle_ms and shadow_throttle_ms calls that follow on the same usage, so the entity
+        # is looked up once.
+        self._last: tuple[Usage | None, int, bool] = (None, 0, False)
 
     def configure(self, context: LimiterContext) -> None:
         self.manager = context.manager
@@ -134,16 +141,27 @@ class _QuotaKindLimiter(RateLimiter):
         kind = self._kind(usage)
         if kind is not None and self.manager is not None:
             decision = self.manager.check_and_record(usage.user, usage.client_id, kind, self._amount(usage), now_ms)
-            self._last = (usage, decision.throttle_ms)
+            self._last = (usage, decision.throttle_ms, decision.shadow)
 
-    def throttle_ms(self, usage: Usage, now_ms: int) -> int:
-        last_usage, last_throttle_ms = self._last
+    def _decided(self, usage: Usage, now_ms: int) -> tuple[int, bool]:
+        last_usage, last_throttle_ms, last_shadow = self._last
         if usage is last_usage:
-            return last_throttle_ms
+            return last_throttle_ms, last_shadow
         kind = self._kind(usage)
         if kind is None or self.manager is None:
-            return 0
-        return self.manager.throttle_ms(usage.user, usage.client_id, kind, now_ms)
+            return 0, False
+        resolved = self.manager.resolve(usage.user, usage.client_id, kind)
+        if resolved is None:
+            return 0, False
+        return self.manager.throttle_ms(usage.user, usage.client_id, kind, now_ms), resolved.shadow
+
+    def throttle_ms(self, usage: Usage, now_ms: int) -> int:
+        throttle_ms, shadow = self._decided(usage, now_ms)
+        return 0 if shadow else throttle_ms
+
+    def shadow_throttle_ms(self, usage: Usage, now_ms: int) -> int:
+        throttle_ms, shadow = self._decided(usage, now_ms)
+        return throttle_ms if shadow else 0
 
 
 class RecordRateLimiter(_QuotaKindLimiter):

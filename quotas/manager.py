@@ -29,6 +29,7 @@ from quotas.common import (
     TOKEN_BUCKET_KINDS,
     USER_LEVEL_ONLY_KINDS,
     Decision,
+    ShadowDecision,
 )
 from quotas.entities import (
     DEFAULT_IDLE_MS,
@@ -59,6 +60,9 @@ class KindCounters(NamedTuple):
     kind: str
     throttled: int  # admitted with a throttle
     rejected: int  # strict rejections (THROTTLING_QUOTA_EXCEEDED)
+    # What quotas in shadow mode would have done: the same counts, nothing applied.
+    shadow_throttled: int = 0
+    shadow_rejected: int = 0
 
 
 class _State:
@@ -188,6 +192,8 @@ class QuotaManager:
         self._resolver = EntityResolver(rules)
         self._throttled = dict.fromkeys(RATE_KINDS | TOKEN_BUCKET_KINDS, 0)
         self._rejected = dict.fromkeys(TOKEN_BUCKET_KINDS, 0)
+        self._shadow_throttled = dict.fromkeys(RATE_KINDS | TOKEN_BUCKET_KINDS, 0)
+        self._shadow_rejected = dict.fromkeys(TOKEN_BUCKET_KINDS, 0)
 
     # -- rules ------------------------------------------------------------------------------
 
@@ -221,7 +227,8 @@ class QuotaManager:
 
         Rate kinds: Sensor.record(checkQuotas=true) — always admitted, throttled while the rate
         is above the bound. ``controller_mutation_rate``: the permissive mode of old request
-        versions — always admitted, throttled while the bucket is in debt.
+        versions — always admitted, throttled while the bucket is in debt. A quota in shadow mode
+        records and decides the same, and says so (``Decision.shadow``); it is counted apart.
         """
         state = self._cache.get((kind, user, client_id), _MISS)
         if state is _MISS:
@@ -235,6 +242,9 @@ class QuotaManager:
         if throttle_ms:
             state.last_throttle_ms = throttle_ms
             state.last_throttle_at_ms = now_ms
+            if state.resolved.shadow:
+                self._shadow_throttled[kind] += 1
+                return ShadowDecision(True, throttle_ms)
             self._throttled[kind] += 1
             return Decision(True, throttle_ms)
         return ADMIT
@@ -264,10 +274,14 @@ class QuotaManager:
         if decision.admitted:
             # Strict mode records the Rate only for what it admits (checkQuotas, then record).
             state.rate.record_at(amount, now_ms)
-        else:
-            state.last_throttle_ms = decision.throttle_ms
-            state.last_throttle_at_ms = now_ms
-            self._rejected[kind] += 1
+            return decision
+        state.last_throttle_ms = decision.throttle_ms
+        state.last_throttle_at_ms = now_ms
+        if state.resolved.shadow:
+            # What enforcing would do to the bucket is done (nothing taken for a refusal).
+            self._shadow_rejected[kind] += 1
+            return ShadowDecision(False, decision.throttle_ms)
+        self._rejected[kind] += 1
         return decision
 
     def throttle_ms(self, user: str, client_id: str, kind: str, now_ms: int) -> int:
@@ -348,8 +362,9 @@ class QuotaManager:
         return self._table.evicted_total
 
     def kind_counters(self) -> list[KindCounters]:
-        rejected = self._rejected
-        return [KindCounters(k, n, rejected.get(k, 0)) for k, n in sorted(self._throttled.items())]
+        rejected, shadow_throttled, shadow_rejected = self._rejected, self._shadow_throttled, self._shadow_rejected
+        return [KindCounters(k, n, rejected.get(k, 0), shadow_throttled[k], shadow_rejected.get(k, 0))
+                for k, n in sorted(self._throttled.items())]
 
     def entity_stats(self, now_ms: int) -> list[EntityStats]:
         """Every live entity's rate (or tokens) and throttle, measured at ``now_ms``."""

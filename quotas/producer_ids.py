@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from quotas.bloom import MAX_LAYER_IDS, BloomShape, LayeredBloomFilter, LayerPolicy, shape_for
-from quotas.common import ADMIT, MAX_THROTTLE_MS, PRODUCER_IDS_RATE, Decision
+from quotas.common import ADMIT, MAX_THROTTLE_MS, PRODUCER_IDS_RATE, Decision, ShadowDecision
 from quotas.entities import EntityResolver, QuotaRule, ResolvedQuota
 from quotas.rate import WindowedRate
 
@@ -175,6 +175,7 @@ class ProducerIdQuotaManager:
         self._due: list[tuple[int, str]] = []  # (when to look at the user's layers again, user)
         self.new_ids_total = 0  # ids admitted as new
         self.rejected_total = 0  # requests rejected
+        self.shadow_rejected_total = 0  # requests a producer_ids_rate in shadow mode would have rejected
         self.users_removed_total = 0
         self.replace_rules(rules)
 
@@ -209,6 +210,8 @@ class ProducerIdQuotaManager:
         nothing is remembered or charged, and ``throttle_ms`` is how long until the tokens for
         its new ids will be there (rounded up, so a retry after it finds them). ``rejecting``
         False: the caller holds the request instead, so the refusal is not counted as a rejection.
+        A user's quota in shadow mode decides the same (``Decision.shadow``): a refusal remembers
+        and charges nothing, as when enforced, and is counted in ``shadow_rejected_total``.
         """
         if not producer_ids:
             return ADMIT
@@ -246,6 +249,9 @@ class ProducerIdQuotaManager:
         throttle_ms = min(throttle_ms, MAX_THROTTLE_MS)
         state.last_throttle_ms = throttle_ms
         state.last_throttle_at_ms = now_ms
+        if state.resolved.shadow:
+            self.shadow_rejected_total += 1
+            return ShadowDecision(False, throttle_ms)
         if rejecting:
             state.rejected += 1
             self.rejected_total += 1

@@ -1,8 +1,11 @@
-"""The usage log's schema, version 1: one row per interval start, proxy, user, client id and API key.
+"""The usage log's schema, version 2: one row per interval start, proxy, user, client id and API key.
 
 ``proxy.usage_log`` writes rows of this schema as Parquet; ``pipeline`` reads them. This module
 is the only thing the two share about the file, and it imports nothing but the standard library
 (pyarrow only inside ``arrow_schema``).
+
+Version 2 added the ``shadow_*`` columns at the end (what quotas in shadow mode would have done);
+a version 1 file reads as version 2 with those columns 0 (:data:`ADDED_IN`).
 """
 
 from __future__ import annotations
@@ -12,12 +15,13 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import pyarrow as pa
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # what the pipeline reads
 OTHER = "(other)"  # user and client id of the row that overflow is folded into
 
 # (name, Arrow type name, meaning). The counters are sums over the interval unless noted.
 COLUMNS: tuple[tuple[str, str, str], ...] = (
-    ("schema_version", "int16", "this schema's version (1)"),
+    ("schema_version", "int16", "this schema's version (2)"),
     ("interval_start", "timestamp[ms, UTC]", "start of the interval (UTC)"),
     ("interval_seconds", "int32", "length of the interval"),
     ("proxy", "string", "the proxy instance that counted (usage_log.proxy_name)"),
@@ -37,9 +41,15 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("throttled", "int64", "requests given a throttle"),
     ("rejected", "int64", "requests rejected by a quota (THROTTLING_QUOTA_EXCEEDED)"),
     ("upstream_latency_ms_sum", "float64", "time the broker took to answer, summed"),
+    ("shadow_throttle_time_ms_sum", "int64", "throttle quotas in shadow mode would have given these requests"),
+    ("shadow_throttle_time_ms_max", "int32", "the longest single throttle of quotas in shadow mode"),
+    ("shadow_throttled", "int64", "requests quotas in shadow mode would have throttled"),
+    ("shadow_rejected", "int64", "requests quotas in shadow mode would have rejected (THROTTLING_QUOTA_EXCEEDED)"),
 )
 COLUMN_NAMES = tuple(name for name, _, _ in COLUMNS)
 KEY_COLUMNS = 7  # schema_version .. api_key; the counters follow, in COLUMNS order
+# Columns a file of an older version lacks, by the version that added them: read as 0.
+ADDED_IN = {name: 2 for name in COLUMN_NAMES if name.startswith("shadow_")}
 
 
 def arrow_schema() -> pa.Schema:

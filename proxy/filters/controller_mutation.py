@@ -26,6 +26,7 @@ from quotas import CONTROLLER_MUTATION_RATE, QuotaManager
 from ..refresh import fetch_num_partitions, fetch_topics
 from .api import Answer, Defer, FilterSpec, Forward
 from .quotas import now_ms
+from .shadow import shadow_rejected, shadow_throttled
 
 log = logging.getLogger(__name__)
 
@@ -129,9 +130,13 @@ class ControllerMutationFilter:
             if entry.mutations:
                 decision = self.manager.record(user, client_id, CONTROLLER_MUTATION_RATE, entry.mutations, now)
                 if decision.throttle_ms:
+                    if decision.shadow:
+                        shadow_throttled(ctx, entry, CONTROLLER_MUTATION_RATE, decision.throttle_ms)
+                        return None
                     return Forward(throttle_ms=decision.throttle_ms)
             return None
         admitted, rejected, throttle = [], [], 0
+        shadow_refused, shadow_throttle = 0, 0
         for t in topics:
             if t.mutations == 0:
                 admitted.append(t)
@@ -139,9 +144,16 @@ class ControllerMutationFilter:
             decision = self.manager.try_admit(user, client_id, CONTROLLER_MUTATION_RATE, t.mutations, now)
             if decision.admitted:
                 admitted.append(t)
+            elif decision.shadow:
+                admitted.append(t)
+                shadow_refused += 1
+                shadow_throttle = max(shadow_throttle, decision.throttle_ms)
             else:
                 rejected.append(t)
                 throttle = max(throttle, decision.throttle_ms)
+        if shadow_refused:
+            shadow_rejected(ctx, entry, CONTROLLER_MUTATION_RATE, shadow_throttle,
+                            f"{shadow_refused} of {len(topics)} topics")
         if not rejected:
             return None  # StrictControllerMutationQuota: no rejection, no throttle
         entry.rejected = True

@@ -13,6 +13,7 @@ from quotas.limiters import RateLimiter, Usage
 from .api import FilterSpec, Forward
 from .quotas import now_ms
 from .records import count_fetched, produce_scan
+from .shadow import shadow_throttled
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ class RateLimiterFilter:
                 batches, records = scan.batches, scan.records
         usage = Usage(ctx.session.principal, header.client_id or "", key, header.api_version,
                       len(frame), batches, records)
-        throttle = self._throttle(limiters, usage)
+        throttle = self._throttle(ctx, entry, limiters, usage)
         return Forward(throttle_ms=throttle) if throttle else None
 
     def on_response(self, ctx, entry, frame):
@@ -67,16 +68,19 @@ class RateLimiterFilter:
                       len(frame), entry.batches, entry.records, response=True)
         # KIP-731: the records are delivered and the client then pauses just long enough to
         # bring its rate back to the bound (not emptied and re-fetched like a byte quota).
-        throttle = self._throttle(limiters, usage)
+        throttle = self._throttle(ctx, entry, limiters, usage)
         return Forward(frame, throttle_ms=throttle) if throttle else frame
 
-    def _throttle(self, limiters, usage: Usage) -> int:
+    def _throttle(self, ctx, entry, limiters, usage: Usage) -> int:
         now = self.clock()
         throttle = 0
         for lim in limiters:
             try:
                 lim.accumulate(usage, now)
                 t = lim.throttle_ms(usage, now)
+                shadow_t = lim.shadow_throttle_ms(usage, now)
+                if shadow_t > 0:
+                    shadow_throttled(ctx, entry, type(lim).__qualname__, int(shadow_t))
             except Exception:
                 # A plug-in's failure must not cost the client its connection: it is counted,
                 # logged the first time, and that limiter asks for no throttle this time.

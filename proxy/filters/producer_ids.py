@@ -15,6 +15,7 @@ from quotas.producer_ids import ProducerIdQuotaManager
 from .api import Answer, Close, Defer, FilterSpec
 from .quotas import now_ms
 from .records import produce_scan
+from .shadow import shadow_rejected
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,10 @@ class ProducerIdQuotaFilter:
         delay = self.reaction == "delay"
         decision = manager.admit(user, scan.producer_ids, self.clock(), rejecting=not delay)
         if decision.admitted:
+            return None
+        if decision.shadow:
+            shadow_rejected(ctx, entry, "producer_ids_rate", decision.throttle_ms,
+                            "a Produce delayed for new producer ids" if delay else "a Produce with new producer ids")
             return None
         if delay:
             self.delayed_total += 1

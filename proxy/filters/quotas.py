@@ -14,6 +14,7 @@ from protocol.share_fetch import cap_share_fetch_bytes
 from quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, REQUEST_RATE, QuotaManager
 
 from .api import FilterSpec, Forward
+from .shadow import shadow_throttled
 
 
 def now_ms() -> int:
@@ -42,12 +43,19 @@ class RateQuotaFilter:
             return None
         user, client_id = ctx.session.principal, header.client_id or ""
         now = self.clock()
-        throttle = manager.check_and_record(user, client_id, REQUEST_RATE, 1, now).throttle_ms
+        decided = manager.check_and_record(user, client_id, REQUEST_RATE, 1, now)
+        throttle = decided.throttle_ms
+        if throttle and decided.shadow:
+            shadow_throttled(ctx, entry, REQUEST_RATE, throttle)
+            throttle = 0
         key = header.api_key
         if key == ApiKey.PRODUCE:
             # ClientQuotaManager records a Produce's request size (KafkaApis.handleProduceRequest).
             produced = manager.check_and_record(user, client_id, PRODUCER_BYTE_RATE, len(frame), now)
-            throttle = max(throttle, produced.throttle_ms)
+            if produced.shadow:
+                shadow_throttled(ctx, entry, PRODUCER_BYTE_RATE, produced.throttle_ms)
+            elif produced.throttle_ms > throttle:
+                throttle = produced.throttle_ms
         elif key == ApiKey.FETCH and header.body_offset >= 0:
             entry.fetch_session = fetch_session(frame, header.body_offset, header.api_version)
             capped = self._cap_fetch(header, frame, user, client_id)
@@ -67,7 +75,7 @@ class RateQuotaFilter:
         # (samples - 1) windows (ClientQuotaManager.getMaxValueInQuotaWindow), or a response
         # larger than the window could hold would be throttled, emptied and asked for again forever.
         resolved = self.manager.resolve(user, client_id, CONSUMER_BYTE_RATE)
-        if resolved is None:
+        if resolved is None or resolved.shadow:  # shadow mode rewrites nothing
             return frame
         cap_bytes = max(int(resolved.quota * self.max_value_window_s), 1)
         return cap(frame, header.body_offset, header.api_version, min(cap_bytes, 2**31 - 1))
@@ -79,8 +87,16 @@ class RateQuotaFilter:
         user, client_id = ctx.session.principal, ctx.session.client_id or ""
         now = self.clock()
         size = len(frame)
-        throttle = manager.check_and_record(user, client_id, CONSUMER_BYTE_RATE, size, now).throttle_ms
+        decided = manager.check_and_record(user, client_id, CONSUMER_BYTE_RATE, size, now)
+        throttle = decided.throttle_ms
         if throttle <= 0:
+            return frame
+        if decided.shadow:
+            # Delivered as it is; the engine is left as enforcing would leave it (an emptied
+            # Fetch's bytes un-recorded), so the shadow counts are the ones enforcing would give.
+            if entry.api_key != ApiKey.SHARE_FETCH:
+                manager.unrecord(user, client_id, CONSUMER_BYTE_RATE, size, now)
+            shadow_throttled(ctx, entry, CONSUMER_BYTE_RATE, throttle)
             return frame
         if entry.api_key == ApiKey.SHARE_FETCH:
             # Not as KafkaApis.handleShareFetchRequest, which answers empty and un-records: the

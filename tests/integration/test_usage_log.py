@@ -16,7 +16,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from proxy.usage_log import COLUMN_NAMES, arrow_schema
+from proxy.usage_log import COLUMN_NAMES, SCHEMA_VERSION, arrow_schema
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -49,7 +49,7 @@ def _read_usage(directory: Path) -> list[dict]:
         table = pq.read_table(path)
         assert table.schema.equals(arrow_schema(), check_metadata=True), path
         for r in table.to_pylist():
-            assert (r["schema_version"], r["proxy"], r["interval_seconds"]) == (1, "it", 1), r
+            assert (r["schema_version"], r["proxy"], r["interval_seconds"]) == (SCHEMA_VERSION, "it", 1), r
             start = r["interval_start"]
             assert start.utcoffset().total_seconds() == 0
             assert rel[:2] == (f"date={start:%Y-%m-%d}", f"hour={start:%H}"), (path, r)

@@ -58,12 +58,12 @@ def test_hidden_temporary_files_are_not_read(spark, tmp_path):
 def test_unknown_schema_version_is_named(spark, tmp_path):
     (good,) = _good(tmp_path / "usage")
     table = pq.read_table(good)
-    future = table.set_column(0, table.schema.field(0), pa.array([2], type=pa.int16()))
+    future = table.set_column(0, table.schema.field(0), pa.array([3], type=pa.int16()))
     pq.write_table(future, good.with_name("usage-future.parquet"))
     with pytest.raises(UsageError) as info:
         _read_all(spark, tmp_path / "usage")
     message = str(info.value)
-    assert "unknown schema version" in message and "usage-future.parquet (schema_version 2)" in message
+    assert "unknown schema version" in message and "usage-future.parquet (schema_version 3)" in message
 
 
 def test_foreign_parquet_file_is_named(spark, tmp_path):

@@ -79,7 +79,8 @@ def test_counters_are_summed_per_interval_user_client_and_api():
     assert row(interval, "alice", "app", PRODUCE) == {
         "requests": 2, "request_bytes": 150, "response_bytes": 80, "records": 15, "batches": 3,
         "partition_mutations": 0, "new_producer_ids": 1, "throttle_time_ms_sum": 0, "throttle_time_ms_max": 0,
-        "throttled": 0, "rejected": 0, "upstream_latency_ms_sum": 3.75,
+        "throttled": 0, "rejected": 0, "upstream_latency_ms_sum": 3.75, "shadow_throttle_time_ms_sum": 0,
+        "shadow_throttle_time_ms_max": 0, "shadow_throttled": 0, "shadow_rejected": 0,
     }
     fetch = row(interval, "alice", "app", FETCH)
     assert (fetch["requests"], fetch["response_bytes"], fetch["records"], fetch["batches"]) == (1, 900, 30, 3)
@@ -94,7 +95,20 @@ def test_upstream_latency_stays_a_float():
     agg.add(T0, "u", "c", PRODUCE, request_bytes=1)
     agg.add(T0, "v", "c", PRODUCE, request_bytes=1, upstream_ms=0.25)  # the (other) row
     [interval] = agg.drain(None)
-    assert all(isinstance(c[-1], float) for c in interval.rows.values())
+    assert all(isinstance(c[COLUMN_NAMES[7:].index("upstream_latency_ms_sum")], float)
+               for c in interval.rows.values())
+
+
+def test_shadow_decisions_are_counted_apart_from_applied_ones():
+    agg = UsageAggregator(10, 100)
+    agg.add(T0, "alice", "app", PRODUCE, request_bytes=1, throttle_ms=5, shadow_throttle_ms=300)
+    agg.add(T0 + 1, "alice", "app", PRODUCE, request_bytes=1, shadow_throttle_ms=700, shadow_rejected=True)
+    agg.add(T0 + 2, "alice", "app", PRODUCE, request_bytes=1)
+    [interval] = agg.drain(None)
+    r = row(interval, "alice", "app", PRODUCE)
+    assert (r["throttled"], r["throttle_time_ms_sum"], r["rejected"]) == (1, 5, 0)
+    assert (r["shadow_throttled"], r["shadow_throttle_time_ms_sum"], r["shadow_throttle_time_ms_max"],
+            r["shadow_rejected"]) == (2, 1000, 700, 1)
 
 
 @pytest.mark.parametrize(
@@ -211,7 +225,7 @@ def _sample_interval() -> Interval:
     agg.add(T0 + 1, "alice", "app-1", PRODUCE, request_bytes=1500, response_bytes=60, records=100, batches=2,
             new_producer_ids=1, throttle_ms=25, upstream_ms=3.5)
     agg.add(T0 + 2, "bob", "", CREATE_TOPICS, request_bytes=80, response_bytes=70, mutations=3,
-            throttle_ms=2_000_000_000, rejected=True, upstream_ms=0.0)
+            throttle_ms=2_000_000_000, rejected=True, upstream_ms=0.0, shadow_throttle_ms=40, shadow_rejected=True)
     [interval] = agg.drain(None)
     return interval
 
@@ -233,7 +247,7 @@ def test_writer_writes_parquet_with_the_schema_and_round_trips_the_values(tmp_pa
     assert pq.read_schema(path).equals(arrow_schema(), check_metadata=True)
     table = pq.read_table(path)
     assert table.schema.equals(arrow_schema(), check_metadata=True)
-    assert table.schema.metadata == {b"kqp.usage.schema_version": b"1"}
+    assert table.schema.metadata == {b"kqp.usage.schema_version": b"2"}
     assert table.column_names == list(COLUMN_NAMES)
     assert all(not f.nullable for f in table.schema)
     assert table.schema.field("interval_start").type == pa.timestamp("ms", tz="UTC")
@@ -244,12 +258,14 @@ def test_writer_writes_parquet_with_the_schema_and_round_trips_the_values(tmp_pa
          "user": "alice", "client_id": "app-1", "api_key": PRODUCE, "requests": 1, "request_bytes": 1500,
          "response_bytes": 60, "records": 100, "batches": 2, "partition_mutations": 0, "new_producer_ids": 1,
          "throttle_time_ms_sum": 25, "throttle_time_ms_max": 25, "throttled": 1, "rejected": 0,
-         "upstream_latency_ms_sum": 3.5},
+         "upstream_latency_ms_sum": 3.5, "shadow_throttle_time_ms_sum": 0, "shadow_throttle_time_ms_max": 0,
+         "shadow_throttled": 0, "shadow_rejected": 0},
         {"schema_version": SCHEMA_VERSION, "interval_start": start, "interval_seconds": 10, "proxy": "proxy-a",
          "user": "bob", "client_id": "", "api_key": CREATE_TOPICS, "requests": 1, "request_bytes": 80,
          "response_bytes": 70, "records": 0, "batches": 0, "partition_mutations": 3, "new_producer_ids": 0,
          "throttle_time_ms_sum": 2_000_000_000, "throttle_time_ms_max": 2_000_000_000, "throttled": 1,
-         "rejected": 1, "upstream_latency_ms_sum": 0.0},
+         "rejected": 1, "upstream_latency_ms_sum": 0.0, "shadow_throttle_time_ms_sum": 40,
+         "shadow_throttle_time_ms_max": 40, "shadow_throttled": 1, "shadow_rejected": 1},
     ]
 
 
