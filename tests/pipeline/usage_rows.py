@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from proxy.usage_log import Interval, UsageLogWriter
+from usage.schema import COLUMN_NAMES, KEY_COLUMNS
 
-COUNTERS = ("requests", "request_bytes", "response_bytes", "records", "batches", "partition_mutations",
-            "new_producer_ids", "throttle_time_ms_sum", "throttle_time_ms_max", "throttled", "rejected",
-            "upstream_latency_ms_sum")
+COUNTERS = COLUMN_NAMES[KEY_COLUMNS:]  # whatever the schema version adds, the writer wants them all
 
 
 def write_rows(directory: Path, rows: list[dict], interval_s: int = 10, proxy: str = "p1") -> list[Path]:
@@ -16,8 +15,7 @@ def write_rows(directory: Path, rows: list[dict], interval_s: int = 10, proxy: s
     file per interval, written by the proxy's own writer."""
     by_start: dict[int, dict] = {}
     for r in rows:
-        counters = [r.get(c, 0) for c in COUNTERS]
-        counters[-1] = float(counters[-1])
+        counters = [float(r.get(c, 0)) if c == "upstream_latency_ms_sum" else r.get(c, 0) for c in COUNTERS]
         by_start.setdefault(r["start_s"], {})[(r["user"], r["client_id"], r["api_key"])] = counters
     writer = UsageLogWriter(directory, proxy)
     return [writer.write(Interval(start, interval_s, keyed)) for start, keyed in sorted(by_start.items())]
