@@ -98,6 +98,15 @@ def throttling(intervals):
             .withColumn("throttle_time_ratio", F.col("throttle_time_ms") / (F.col("active_seconds") * 1000.0)))
 
 
+def principal_kinds(intervals):
+    """Per (user, client_id): its requests, and per rate kind ``<kind>__requests``, the requests
+    of the APIs that kind charges (whether it had any demand of the kind or not)."""
+    from pyspark.sql import functions as F
+
+    return (intervals.groupBy(*PRINCIPAL)
+            .agg(*[F.sum(f"{kind}__requests").alias(f"{kind}__requests") for kind in RATE_KINDS]))
+
+
 def top_talkers(intervals, n: int):
     """The ``n`` principals that moved the most bytes, with their share of all bytes."""
     from pyspark.sql import Window

@@ -37,6 +37,7 @@ from quotas.common import (
     PRODUCER_RECORD_RATE,
     REQUEST_RATE,
 )
+from usage.schema import OTHER
 
 # Demand below these is never called abuse, whatever the rest of the fleet does, and an
 # outlier's quota is never below them. Byte, record, batch and request rates vary over orders of
@@ -175,16 +176,15 @@ def assess(population: Mapping[str, Iterable[Key]], statistics: Mapping[tuple[st
            ) -> tuple[list[Verdict], list[Flag], list[str]]:
     """Every principal of every kind's population judged (statistics and recommended values
     keyed by (kind, principal); missing means no demand, 0); the outliers that have a
-    recommendation, with their bound and a sentence saying why; and a note per kind that had
-    too few principals to judge."""
-    verdicts, flags, notes = [], [], []
+    recommendation, with their bound and a sentence saying why; and one note naming the kinds
+    that had too few principals to judge (none when every kind was judged)."""
+    verdicts, flags, unjudged = [], [], []
     for kind, keys in population.items():
         keys = list(dict.fromkeys(keys))
         judged = judge({k: statistics.get((kind, k), 0.0) for k in keys}, kind, rule)
         verdicts += judged.values()
         if keys and next(iter(judged.values())).threshold is None:
-            notes.append(f"{kind}: outliers not judged, {len(keys)} principal{'s' if len(keys) != 1 else ''} "
-                         f"of this kind ({rule.min_principals} others needed, --outlier-min-principals)")
+            unjudged.append(f"{kind} ({len(keys)} principal{'s' if len(keys) != 1 else ''})")
         for key, v in judged.items():
             own = recommended.get((kind, key))
             if not v.outlier or own is None:
@@ -193,11 +193,14 @@ def assess(population: Mapping[str, Iterable[Key]], statistics: Mapping[tuple[st
             bound, fleet_rec = bound_from_rest(own, others, kind, rule)
             flags.append(Flag(v, float(own), bound, fleet_rec, basis(float(own), bound, fleet_rec, v.others, rule),
                               _reason(v, float(own), bound, fleet_rec, rule, window_s)))
+    notes = [f"outliers not judged for {', '.join(unjudged)}: {rule.min_principals} other principals of a kind "
+             "needed (--outlier-min-principals)"] if unjudged else []
     return verdicts, flags, notes
 
 
 def not_judged_reason(others: int, rule: Rule) -> str:
-    return f"not judged for outliers: {others} other principals of this kind, {rule.min_principals} needed"
+    return (f"not judged for outliers: {others} other principal{'s' if others != 1 else ''} of this kind, "
+            f"{rule.min_principals} needed")
 
 
 def unit(kind: str, window_s: float = 3600.0) -> str:
@@ -239,7 +242,7 @@ def _reason(v: Verdict, own: float, bound: float, fleet_rec: float, rule: Rule, 
 
 # -- the report's tables ------------------------------------------------------------------------
 
-def populations(principals, other: str = "(other)") -> dict[str, list[Key]]:
+def populations(principals, other: str = OTHER) -> dict[str, list[Key]]:
     """Each kind's population from ``principals`` (pandas: user, client_id, and per rate kind
     ``<kind>__requests``, the requests of the APIs it charges); the overflow row is nobody."""
     from .kinds import ALL_KINDS
@@ -256,7 +259,7 @@ def populations(principals, other: str = "(other)") -> dict[str, list[Key]]:
     return out
 
 
-def mark(percentiles, recommended, principals, rule: Rule | None, window_s: float = 3600.0):
+def mark(percentiles, recommended, principals, rule: Rule | None, window_s: float = 3600.0, other: str = OTHER):
     """The rule applied to the report's tables (pandas, as the CSVs have them). Returns
     (percentiles + ``outlier_threshold``, ``outlier``; recommended + ``own_recommended``,
     ``outlier``, ``reason``, with an outlier's ``recommended`` replaced by its bound; the flags;
@@ -271,9 +274,9 @@ def mark(percentiles, recommended, principals, rule: Rule | None, window_s: floa
     def keyed(pdf, column):
         return {(k, (u, c)): float(x) for u, c, k, x in zip(pdf["user"], pdf["client_id"], pdf["kind"], pdf[column])}
 
-    population = populations(principals)
+    population = populations(principals, other)
     for kind in population:  # whoever had demand is of the population, whatever APIs it used
-        have = percentiles[percentiles["kind"] == kind]
+        have = percentiles[(percentiles["kind"] == kind) & (percentiles["user"] != other)]
         population[kind] = sorted(set(population[kind]) | set(zip(have["user"], have["client_id"])))
     verdicts, flags, notes = assess(population, keyed(percentiles, "p99"), keyed(recommended, "recommended"),
                                     rule, window_s)

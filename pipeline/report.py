@@ -35,6 +35,11 @@ class Options:
     top: int = 10
     max_events: int = 10
     replay: bool = True
+    outliers: bool = True  # --no-outliers: every principal's recommendation from its own demand
+    outlier_factor: float = 10.0
+    outlier_percentile: float = 0.9
+    outlier_min_principals: int = 5
+    outlier_floor: list[str] | None = None  # KIND=VALUE overrides of outliers.FLOORS
     shuffle_partitions: int | None = None
     driver_memory: str | None = None
     quiet: bool = False
@@ -45,6 +50,7 @@ class Outputs:
     files: dict[str, Path] = field(default_factory=dict)
     rows: int = 0
     headlines: list[str] = field(default_factory=list)
+    outliers: list = field(default_factory=list)  # outliers.Flag, one per flagged (principal, kind)
     seconds: dict[str, float] = field(default_factory=dict)
 
 
@@ -86,9 +92,21 @@ def run_report(opts: Options, spark=None) -> Outputs:
         raise UsageError(f"--max-events must be at least 1, got {opts.max_events}")
     from config import ConfigError, load_config, parse_config
 
+    from .outliers import Rule, parse_floors
+
+    rule = None
+    if opts.outliers:
+        try:
+            rule = Rule(opts.outlier_factor, opts.outlier_percentile, opts.outlier_min_principals,
+                        parse_floors(opts.outlier_floor))
+            rule.check()
+        except ValueError as exc:
+            raise UsageError(str(exc)) from exc
+
     from . import demand
     from .html import CHARTS, bar_chart, stacked_chart, write_report
-    from .recommend import quota_entries, quotas_yaml, recommendations
+    from .outliers import mark, outlier_rows, replay_outcome
+    from .recommend import entity_key, quota_entries, quotas_yaml, recommendations
     from .replay import candidate, replay
     from .spark import parse_time, read_usage, spark_errors, spark_session
 
@@ -140,6 +158,7 @@ def run_report(opts: Options, spark=None) -> Outputs:
                 .orderBy("kind", "user", "client_id").toPandas()
             throttled = demand.throttling(intervals).orderBy(F.desc("throttle_time_ms"), "user", "client_id").toPandas()
             talkers = demand.top_talkers(intervals, opts.top).toPandas()
+            principals = demand.principal_kinds(intervals).toPandas()
             result.files["demand"] = _csv(percentiles, out / "demand.csv")
             result.files["throttling"] = _csv(throttled, out / "throttling.csv")
             result.files["top_talkers"] = _csv(talkers, out / "top_talkers.csv")
@@ -148,9 +167,16 @@ def run_report(opts: Options, spark=None) -> Outputs:
                            f"recommending quotas (admit {opts.share:g} of demand, {opts.headroom:.0%} headroom)"):
             recommended = recommendations(intervals, pid_windows, opts.share, opts.headroom, measured_over_s) \
                 .orderBy("user", "client_id", "kind").toPandas()
+            percentiles, recommended, flags, outlier_notes = mark(percentiles, recommended, principals, rule,
+                                                                  window_s)
+            result.outliers = flags
+            _csv(percentiles, result.files["demand"])  # now with the outlier columns
             result.files["recommended"] = _csv(recommended, out / "recommended.csv")
             entries, notes = quota_entries(recommended.to_dict("records"))
-            text = quotas_yaml(entries, notes, opts.share, opts.headroom, base, (stats.lo, stats.hi))
+            comments = {(entity_key(f.verdict.key[0], f.verdict.key[1], f.verdict.kind), f.verdict.kind): f.reason
+                        for f in flags}
+            text = quotas_yaml(entries, notes, opts.share, opts.headroom, base, (stats.lo, stats.hi), comments,
+                               _outlier_header(rule, flags, outlier_notes))
             path = out / "recommended-quotas.yaml"
             path.write_text(text, encoding="utf-8")
             try:
@@ -167,6 +193,7 @@ def run_report(opts: Options, spark=None) -> Outputs:
             ):
                 replayed = replay(usage, candidate_text or text, opts.max_events) \
                     .orderBy("proxy", "user", "client_id", "kind").toPandas()
+                replayed["outlier"] = outlier_rows(replayed, flags)
                 result.files["replay"] = _csv(replayed, out / "replay.csv")
 
         with progress.step("charts", "charts"):
@@ -184,20 +211,27 @@ def run_report(opts: Options, spark=None) -> Outputs:
                          "throttled seconds per active second", path):
                 charts.append(path)
 
-    result.headlines = headlines(percentiles, throttled)
+    result.headlines = headlines(percentiles, throttled) + outlier_headlines(flags, outlier_notes)
     with progress.step("html", "writing the HTML report"):
         summary = [
             f"{stats.rows:,} usage rows, {stats.principals:,} principals, {stats.lo:%Y-%m-%d %H:%M} to "
             f"{stats.hi:%Y-%m-%d %H:%M} UTC",
             f"Recommendation: admit {opts.share:g} of each principal's demand, plus {opts.headroom:.0%} headroom",
         ]
+        summary.append(_outlier_header(rule, [], [])[0])
         if opts.replay:
             summary.append(f"Replay of {opts.candidate or 'the recommended quotas'}: open loop "
                            "(clients assumed to send what they sent)")
+        flagged = recommended[recommended["outlier"]][
+            ["user", "client_id", "kind", "own_recommended", "recommended", "reason"]]
         result.files["html"] = write_report(
             out, title="kafka-quota-proxy usage report", summary=summary,
             headlines=result.headlines, charts=charts,
-            tables=[("Throttled and rejected, per principal", "throttling.csv", throttled),
+            tables=[("Outliers: principals whose quota comes from the rest of the fleet", "recommended.csv",
+                     flagged),
+                    *([("What the replay did to the outliers and to everyone else", "replay.csv",
+                        replay_outcome(replayed, flags))] if replayed is not None and flags else []),
+                    ("Throttled and rejected, per principal", "throttling.csv", throttled),
                     ("Top talkers (bytes)", "top_talkers.csv", talkers),
                     ("Demand per principal and quota kind (per-second rates; producer_ids_rate per window)",
                      "demand.csv", percentiles),
@@ -228,6 +262,33 @@ def headlines(percentiles, throttled) -> list[str]:
                      f"{row['requests']:,} requests throttled, {row['rejected']:,} rejected, "
                      f"{row['throttle_time_ms'] / 1000:,.1f} s of throttle")
     return lines or ["no principal stands out"]
+
+
+def _outlier_header(rule, flags, notes) -> list[str]:
+    """The outlier rule in a sentence, how many it flagged, and the kinds it could not judge."""
+    if rule is None:
+        return ["Outliers: not looked for (--no-outliers); every value comes from the principal's own demand"]
+    p = f"p{rule.percentile * 100:g}"
+    lines = [f"Outliers: a principal whose p99 demand of a kind is above {rule.factor:g} × the {p} of the other "
+             f"principals' (and above the kind's floor) gets the {p} of their recommendations instead "
+             f"(at least the floor); at least {rule.min_principals} other principals needed"]
+    if flags:
+        lines.append(f"{len(flags)} outlier{'s' if len(flags) != 1 else ''} bounded from the rest of the fleet")
+    return lines + notes
+
+
+def outlier_headlines(flags, notes) -> list[str]:
+    """One line per outlier (its demand, the bound it gets and where from, its own
+    recommendation), and a line per kind too small to judge."""
+    lines = []
+    for f in flags:
+        user, client_id = f.verdict.key
+        who = f"{user} / {client_id}" if client_id else user
+        lines.append(f"outlier: {who}, {f.verdict.kind} p99 {f.verdict.statistic:,.1f} over the threshold "
+                     f"{f.verdict.threshold:,.1f}: quota {f.bound:,.0f} "
+                     f"({f.basis}), "
+                     f"not {f.own:,.0f} from its own demand")
+    return lines + notes
 
 
 def _csv(pdf, path: Path) -> Path:
@@ -266,6 +327,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-events", type=int, default=10, help="replay events per usage row (10)")
     p.add_argument("--no-replay", dest="replay", action="store_false",
                    help="skip the what-if replay (the slowest step: one Python pass per user)")
+    p.add_argument("--outlier-factor", type=float, default=10.0,
+                   help="a principal whose p99 demand of a kind is above this many times the other principals' "
+                        "--outlier-percentile (and above the kind's floor) is an outlier (10)")
+    p.add_argument("--outlier-percentile", type=float, default=0.9,
+                   help="the other principals' percentile an outlier is compared with, and its quota taken "
+                        "from (0.9: their p90)")
+    p.add_argument("--outlier-min-principals", type=int, default=5,
+                   help="other principals of a kind needed to judge anyone an outlier in it (5)")
+    p.add_argument("--outlier-floor", action="append", metavar="KIND=VALUE",
+                   help="demand of KIND never called an outlier, and the least an outlier's quota is "
+                        "(repeatable; defaults: request_rate=1000, producer/consumer_byte_rate=10485760, "
+                        "producer/consumer_record_rate=100000, producer_batch_rate=10000, "
+                        "controller_mutation_rate=10, producer_ids_rate=100 per window)")
+    p.add_argument("--no-outliers", dest="outliers", action="store_false",
+                   help="take every recommendation from the principal's own demand, outliers included")
     p.add_argument("--shuffle-partitions", type=int, help="spark.sql.shuffle.partitions")
     p.add_argument("--driver-memory", help="spark.driver.memory, e.g. 4g (local mode: all the memory Spark gets)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")

@@ -318,3 +318,16 @@ def test_candidate_replay_and_no_replay(spark, tmp_path):
                                  quiet=True), spark)
     assert "replay" not in skipped.files and not (tmp_path / "without" / "replay.csv").exists()
     assert skipped.files["recommended_quotas"].exists()
+
+
+def test_too_few_principals_to_judge_outliers_is_said(hand_report):
+    # Four principals: nobody has the five others the outlier rule needs.
+    recommended = _csv(hand_report.files["recommended"])
+    assert not [r for r in recommended if r["outlier"] == "True"]
+    assert all(r["recommended"] == r["own_recommended"] for r in recommended)
+    assert _find(recommended, user="alice", kind="producer_byte_rate")["reason"] == \
+        "not judged for outliers: 1 other principal of this kind, 5 needed"
+    note = ("outliers not judged for request_rate (4 principals), producer_byte_rate (2 principals), ")
+    assert f"# {note}" in hand_report.files["recommended_quotas"].read_text()
+    assert note in hand_report.files["html"].read_text()
+    assert not [r for r in _csv(hand_report.files["demand"]) if r["outlier"] == "True"]

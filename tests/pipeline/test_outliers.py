@@ -122,8 +122,8 @@ def test_assess_counts_principals_without_demand_and_says_why():
         "outlier: p99 1,800 new producer ids per 3600-s window, where the p90 of the other 10 principals is 0; "
         "threshold 100 (the floor); bound 100 from the floor, above the p90 of the other 10 principals' "
         "recommendations (0), not 2,139 from its own demand")
-    assert notes == ["request_rate: outliers not judged, 2 principals of this kind (5 others needed, "
-                     "--outlier-min-principals)"]
+    assert notes == ["outliers not judged for request_rate (2 principals): 5 other principals of a kind needed "
+                     "(--outlier-min-principals)"]
 
 
 def test_assess_bound_from_the_others_recommendations():
@@ -191,8 +191,8 @@ def test_mark_flags_and_bounds_the_tables():
     by_kind = {f.verdict.kind: f.verdict.others for f in flags}
     assert by_kind == {PRODUCER_IDS_RATE: 5, CONTROLLER_MUTATION_RATE: 11}
     # 5 consumers: 4 others each, too few to judge.
-    assert notes == [f"{kind}: outliers not judged, 5 principals of this kind (5 others needed, "
-                     "--outlier-min-principals)" for kind in (CONSUMER_BYTE_RATE, CONSUMER_RECORD_RATE)]
+    assert notes == [f"outliers not judged for {CONSUMER_BYTE_RATE} (5 principals), {CONSUMER_RECORD_RATE} "
+                     "(5 principals): 5 other principals of a kind needed (--outlier-min-principals)"]
     dem = percentiles.set_index(["user", "kind"])
     assert dem.loc[("loop", PRODUCER_IDS_RATE), ["outlier_threshold", "outlier"]].tolist() == [100, True]
     # Others' p99 up to 6,000 bytes/s: the threshold is the floor.
@@ -205,8 +205,10 @@ def test_mark_with_too_few_principals_or_no_rule():
     _, recommended, flags, notes = mark(*tables, Rule(min_principals=6))
     # Judged only over everyone (12 principals): request_rate and controller_mutation_rate.
     assert [f.verdict.key for f in flags] == [("ops", "tf")]
-    assert {n.split(":")[0] for n in notes} == set(ALL_KINDS) - {REQUEST_RATE, CONTROLLER_MUTATION_RATE}
-    assert f"{PRODUCER_IDS_RATE}: outliers not judged, 6 principals of this kind (6 others needed" in "".join(notes)
+    (note,) = notes
+    assert all((f"{kind} (" in note) == (kind not in (REQUEST_RATE, CONTROLLER_MUTATION_RATE)) for kind in ALL_KINDS)
+    assert f"{PRODUCER_IDS_RATE} (6 principals)" in note and note.endswith("6 other principals of a kind needed "
+                                                                            "(--outlier-min-principals)")
     assert set(recommended[recommended["kind"] == PRODUCER_IDS_RATE]["reason"]) == \
         {"not judged for outliers: 5 other principals of this kind, 6 needed"}
     percentiles, recommended, flags, notes = mark(*tables, None)
