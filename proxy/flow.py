@@ -32,6 +32,7 @@ class ReadGate:
         self._reasons.add(reason)
         if reason == "mute":
             self._stats.muted_connections += 1
+            self._stats.mutes_total += 1
 
     def resume(self, reason: str) -> None:
         if reason not in self._reasons:

@@ -336,7 +336,7 @@ class ProxyServer:
                             "limiter enforces it", rule.describe(), kind)
         restart = [name for name, value in vars(config).items() if getattr(live, name) != value]
         if restart:  # the reload: section included, which the watcher read at start
-            log.warning("reload applied quotas, rate_limiters and producer_id_quota.reaction; "
+            log.warning("reload applied quotas, mode, rate_limiters and producer_id_quota.reaction; "
                         "changed settings that need a restart: %s", ", ".join(restart))
         log.info("reloaded: %d quota entries and %d rate limiters in force", len(rules), len(self.limiters))
 

@@ -132,6 +132,7 @@ class ProxyStats:
         self.bytes_upstream_to_client = 0
         self.open_connections = 0
         self.muted_connections = 0
+        self.mutes_total = 0  # times a connection stopped being read for a throttle (KIP-219)
         self.decode_failures = 0
         self.unknown_api_requests = 0
         self.upstream_connect_failures = 0
@@ -205,6 +206,8 @@ class StatsCollector(Collector):
             GaugeMetricFamily(
                 "kqp_muted_connections", "Client connections muted for a throttle", value=s.muted_connections
             ),
+            CounterMetricFamily("kqp_mutes", "Times a client connection was muted for a throttle (KIP-219)",
+                                value=s.mutes_total),
             GaugeMetricFamily("kqp_broker_listeners", "Per-broker listeners open", value=s.broker_listeners),
             CounterMetricFamily(
                 "kqp_decode_failures", "Frames the proxy needed to read but could not decode",

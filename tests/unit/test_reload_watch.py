@@ -319,7 +319,7 @@ def test_proxy_server_reload_logs_each_removed_entity_at_warning_and_changes_at_
 def test_proxy_server_reload_says_the_reload_section_needs_a_restart(caplog):
     server = ProxyServer(read_config(full()))
     server.reload(read_config(full(atomic=True)))
-    assert messages(caplog) == ["reload applied quotas, rate_limiters and producer_id_quota.reaction; "
+    assert messages(caplog) == ["reload applied quotas, mode, rate_limiters and producer_id_quota.reaction; "
                                 "changed settings that need a restart: reload"]
     assert server.config.reload.require_atomic_rename is False
 
