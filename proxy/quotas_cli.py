@@ -364,6 +364,13 @@ def read_quotas_file(path: str) -> tuple[QuotaRule, ...]:
         rules = parse_quotas(data["quotas"])
     except ConfigError as exc:
         raise CliError(f"{path}: {exc}", 2) from exc
+    for i, entry in enumerate(data["quotas"]):
+        if "mode" in entry:
+            # AlterClientQuotas carries values only: an entity set through it takes the mode its
+            # entry in the proxy's file has, else the file's global mode.
+            raise CliError(f"{path}: quotas[{i}].mode: the admin API carries quota values only; set mode "
+                           "in the proxy's configuration file (the entity's entry there, or the global mode) "
+                           "and remove it here", 2)
     if not rules:
         raise CliError(f"{path}: quotas: is empty, nothing to apply", 2)
     return rules

@@ -107,3 +107,12 @@ def test_bad_arguments_exit_2_before_connecting(capsys, argv, message):
     # Port 1: nothing listens; exit 2 (not 1) shows nothing was attempted.
     assert main(["quotas", *argv, "--bootstrap-server", "127.0.0.1:1"]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_apply_refuses_a_mode_the_admin_api_cannot_carry(tmp_path, capsys):
+    f = tmp_path / "q.yaml"
+    f.write_text("quotas:\n  - user: alice\n    producer_byte_rate: 1024\n  - user: bob\n    request_rate: 2\n"
+                 "    mode: shadow\n")
+    assert main(["quotas", "apply", str(f), "--bootstrap-server", "127.0.0.1:1"]) == 2
+    err = capsys.readouterr().err
+    assert "quotas[1].mode: the admin API carries quota values only" in err
