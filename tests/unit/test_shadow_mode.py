@@ -276,3 +276,17 @@ def test_controller_mutation_rate(version, monkeypatch):
     # unthrottled (StrictControllerMutationQuota), then topics are refused.
     assert [r for _, r in outcomes] == ([False] * 3 if version < 6 else [False, True, True])
     assert (outcomes[0][0] > 0) == (version < 6)
+
+
+def test_the_readme_shadow_example_is_a_valid_configuration():
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("### Shadow mode", 1)[1]
+    block = re.search(r"```yaml\n(.*?)```", section, re.S).group(1)
+    config = parse_config({"upstream": {"bootstrap_servers": ["127.0.0.1:1"]}, **yaml.safe_load(block)})
+    assert config.mode == "enforce"
+    assert [(r.client_id or r.user, r.shadow) for r in config.quotas] == [("<default>", True), ("connect-*", False)]
