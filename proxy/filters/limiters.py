@@ -78,9 +78,10 @@ class RateLimiterFilter:
             try:
                 lim.accumulate(usage, now)
                 t = lim.throttle_ms(usage, now)
-                shadow_t = lim.shadow_throttle_ms(usage, now)
-                if shadow_t > 0:
-                    shadow_throttled(ctx, entry, type(lim).__qualname__, int(shadow_t))
+                if not t:  # a limiter's quota is enforced or shadowed, never both for one usage
+                    shadow_t = lim.shadow_throttle_ms(usage, now)
+                    if shadow_t > 0:
+                        shadow_throttled(ctx, entry, type(lim).__qualname__, int(shadow_t))
             except Exception:
                 # A plug-in's failure must not cost the client its connection: it is counted,
                 # logged the first time, and that limiter asks for no throttle this time.

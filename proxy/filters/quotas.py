@@ -52,10 +52,11 @@ class RateQuotaFilter:
         if key == ApiKey.PRODUCE:
             # ClientQuotaManager records a Produce's request size (KafkaApis.handleProduceRequest).
             produced = manager.check_and_record(user, client_id, PRODUCER_BYTE_RATE, len(frame), now)
-            if produced.shadow:
-                shadow_throttled(ctx, entry, PRODUCER_BYTE_RATE, produced.throttle_ms)
-            elif produced.throttle_ms > throttle:
-                throttle = produced.throttle_ms
+            if produced.throttle_ms:
+                if produced.shadow:
+                    shadow_throttled(ctx, entry, PRODUCER_BYTE_RATE, produced.throttle_ms)
+                elif produced.throttle_ms > throttle:
+                    throttle = produced.throttle_ms
         elif key == ApiKey.FETCH and header.body_offset >= 0:
             entry.fetch_session = fetch_session(frame, header.body_offset, header.api_version)
             capped = self._cap_fetch(header, frame, user, client_id)
