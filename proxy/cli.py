@@ -95,6 +95,10 @@ def main(argv: list[str] | None = None) -> int:
 
         # The demo prints its own lines; the logs of everything it runs only with --verbose.
         logs.configure(args.log_level if args.verbose else "error", args.log_format)
+        if not args.verbose:
+            # kafka-python logs its own clients' shutdown at ERROR ("Metadata refresh: failed
+            # Cancelled" when a client closes mid-refresh); the demo reports what they did itself.
+            logging.getLogger("kafka").setLevel(logging.CRITICAL)
         return _run(run_demo(args.duration, args.report, verbose=args.verbose))
     logs.configure(args.log_level, args.log_format)
     try:
