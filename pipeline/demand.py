@@ -32,6 +32,9 @@ def interval_demand(usage):
         F.sum("throttle_time_ms_sum").alias("throttle_time_ms"),
         F.sum("throttled").alias("throttled"),
         F.sum("rejected").alias("rejected"),
+        F.sum("shadow_throttle_time_ms_sum").alias("shadow_throttle_time_ms"),
+        F.sum("shadow_throttled").alias("shadow_throttled"),
+        F.sum("shadow_rejected").alias("shadow_rejected"),
     ]
     return usage.groupBy("proxy", *PRINCIPAL, "interval_start", "interval_seconds").agg(*aggs)
 
@@ -86,16 +89,36 @@ def _label(quantile: float) -> str:
 
 def throttling(intervals):
     """Per (user, client_id): requests, how many were throttled or rejected, and the throttle
-    time per second of activity (1.0: throttled all the time it was active)."""
+    time per second of activity (1.0: throttled all the time it was active); then the same for
+    what quotas in shadow mode would have done (``shadow_*``), none of which was applied."""
     from pyspark.sql import functions as F
 
-    return (intervals.groupBy(*PRINCIPAL)
-            .agg(F.sum(REQUEST_RATE).alias("requests"), F.sum("throttled").alias("throttled"),
-                 F.sum("rejected").alias("rejected"), F.sum("throttle_time_ms").alias("throttle_time_ms"),
-                 F.sum("interval_seconds").alias("active_seconds"))
-            .withColumn("throttled_ratio", F.col("throttled") / F.col("requests"))
-            .withColumn("rejected_ratio", F.col("rejected") / F.col("requests"))
-            .withColumn("throttle_time_ratio", F.col("throttle_time_ms") / (F.col("active_seconds") * 1000.0)))
+    sums = [F.sum(REQUEST_RATE).alias("requests"), F.sum("interval_seconds").alias("active_seconds")]
+    ratios = []
+    for prefix in ("", "shadow_"):
+        throttled, rejected, time_ms = f"{prefix}throttled", f"{prefix}rejected", f"{prefix}throttle_time_ms"
+        sums += [F.sum(throttled).alias(throttled), F.sum(rejected).alias(rejected), F.sum(time_ms).alias(time_ms)]
+        ratios += [(F.col(throttled) / F.col("requests")).alias(f"{throttled}_ratio"),
+                   (F.col(rejected) / F.col("requests")).alias(f"{rejected}_ratio"),
+                   (F.col(time_ms) / (F.col("active_seconds") * 1000.0)).alias(f"{prefix}throttle_time_ratio")]
+    columns = [*PRINCIPAL, "requests", "throttled", "rejected", "throttle_time_ms", "active_seconds",
+               "throttled_ratio", "rejected_ratio", "throttle_time_ratio",
+               "shadow_throttled", "shadow_rejected", "shadow_throttle_time_ms",
+               "shadow_throttled_ratio", "shadow_rejected_ratio", "shadow_throttle_time_ratio"]
+    return intervals.groupBy(*PRINCIPAL).agg(*sums).select("*", *ratios).select(*columns)
+
+
+def shadow_affected(throttling_df):
+    """The principals quotas in shadow mode would have throttled or rejected, most affected
+    first: by the larger of the two shares of its requests (a request can be both), then by
+    the throttle time it would have waited per second of activity."""
+    from pyspark.sql import functions as F
+
+    held = F.greatest("shadow_throttled_ratio", "shadow_rejected_ratio")
+    return (throttling_df.where((F.col("shadow_throttled") > 0) | (F.col("shadow_rejected") > 0))
+            .orderBy(F.desc(held), F.desc("shadow_throttle_time_ratio"), *PRINCIPAL)
+            .select(*PRINCIPAL, "requests", "shadow_throttled", "shadow_throttled_ratio", "shadow_rejected",
+                    "shadow_rejected_ratio", "shadow_throttle_time_ms", "shadow_throttle_time_ratio"))
 
 
 def principal_kinds(intervals):

@@ -76,17 +76,18 @@ def bar_chart(labels: list[str], values: list[float], title: str, unit: str, pat
     return True
 
 
-def _table(pdf, limit: int = 50) -> str:
+def _table(pdf, limit: int = 50, empty: str | None = None) -> str:
     if pdf is None or pdf.empty:
-        return "<p><em>none</em></p>"
+        return f"<p>{html.escape(empty)}</p>" if empty else "<p><em>none</em></p>"
     more = f"<p>{len(pdf) - limit} more rows in the CSV.</p>" if len(pdf) > limit else ""
     return pdf.head(limit).to_html(index=False, float_format=lambda v: f"{v:,.3f}", border=0,
                                    classes="t") + more
 
 
 def write_report(out: Path, *, title: str, summary: list[str], headlines: list[str], charts: list[Path],
-                 tables: list[tuple[str, str, object]], recommended_yaml: str) -> Path:
-    """``tables``: (heading, CSV file name, pandas DataFrame)."""
+                 tables: list[tuple], recommended_yaml: str) -> Path:
+    """``tables``: (heading, CSV file name, pandas DataFrame), or with a fourth item, the
+    sentence shown instead of an empty table."""
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",
         f"<title>{html.escape(title)}</title>",
@@ -101,10 +102,10 @@ def write_report(out: Path, *, title: str, summary: list[str], headlines: list[s
     ]
     parts += [f"<p><img src='{html.escape(p.relative_to(out).as_posix())}' alt='{html.escape(p.stem)}'></p>"
               for p in charts]
-    for heading, csv_name, pdf in tables:
+    for heading, csv_name, pdf, *empty in tables:
         parts.append(f"<h2>{html.escape(heading)}</h2>"
                      f"<p><a href='{html.escape(csv_name)}'>{html.escape(csv_name)}</a></p>")
-        parts.append(_table(pdf))
+        parts.append(_table(pdf, empty=empty[0] if empty else None))
     parts.append("<h2>Recommended quotas</h2><p><a href='recommended-quotas.yaml'>recommended-quotas.yaml</a></p>")
     parts.append(f"<pre>{html.escape(recommended_yaml)}</pre></body></html>")
     path = out / "report.html"

@@ -156,7 +156,9 @@ def run_report(opts: Options, spark=None) -> Outputs:
             pid_windows = demand.producer_id_windows(usage, window_s).cache()
             percentiles = demand.demand_percentiles(intervals, pid_windows, QUANTILES) \
                 .orderBy("kind", "user", "client_id").toPandas()
-            throttled = demand.throttling(intervals).orderBy(F.desc("throttle_time_ms"), "user", "client_id").toPandas()
+            throttling = demand.throttling(intervals)
+            throttled = throttling.orderBy(F.desc("throttle_time_ms"), "user", "client_id").toPandas()
+            shadow = demand.shadow_affected(throttling).toPandas()
             talkers = demand.top_talkers(intervals, opts.top).toPandas()
             principals = demand.principal_kinds(intervals).toPandas()
             result.files["demand"] = _csv(percentiles, out / "demand.csv")
@@ -211,7 +213,7 @@ def run_report(opts: Options, spark=None) -> Outputs:
                          "throttled seconds per active second", path):
                 charts.append(path)
 
-    result.headlines = headlines(percentiles, throttled) + outlier_headlines(flags, outlier_notes)
+    result.headlines = headlines(percentiles, throttled, shadow) + outlier_headlines(flags, outlier_notes)
     with progress.step("html", "writing the HTML report"):
         summary = [
             f"{stats.rows:,} usage rows, {stats.principals:,} principals, {stats.lo:%Y-%m-%d %H:%M} to "
@@ -231,6 +233,8 @@ def run_report(opts: Options, spark=None) -> Outputs:
                      flagged),
                     *([("What the replay did to the outliers and to everyone else", "replay.csv",
                         replay_outcome(replayed, flags))] if replayed is not None and flags else []),
+                    ("Shadow mode: what the quotas in shadow mode would have done", "throttling.csv",
+                     shadow_table(shadow), NO_SHADOW),
                     ("Throttled and rejected, per principal", "throttling.csv", throttled),
                     ("Top talkers (bytes)", "top_talkers.csv", talkers),
                     ("Demand per principal and quota kind (per-second rates; producer_ids_rate per window)",
@@ -243,9 +247,10 @@ def run_report(opts: Options, spark=None) -> Outputs:
     return result
 
 
-def headlines(percentiles, throttled) -> list[str]:
+def headlines(percentiles, throttled, shadow=None) -> list[str]:
     """One line per quota kind naming the principal with the largest share of its demand (when
-    that share is large), and the most throttled principal."""
+    that share is large), the most throttled principal, and the one quotas in shadow mode would
+    have held back the most (``shadow``: demand.shadow_affected, most affected first)."""
     lines = []
     for kind, group in percentiles.groupby("kind", sort=True):
         total = group["total"].sum()
@@ -261,7 +266,52 @@ def headlines(percentiles, throttled) -> list[str]:
         lines.append(f"most throttled: {row['user']} / {row['client_id']}, {row['throttled']:,} of "
                      f"{row['requests']:,} requests throttled, {row['rejected']:,} rejected, "
                      f"{row['throttle_time_ms'] / 1000:,.1f} s of throttle")
+    if shadow is not None and not shadow.empty:
+        lines.append(shadow_headline(shadow))
     return lines or ["no principal stands out"]
+
+
+NO_SHADOW = "No quota in shadow mode throttled or rejected anything in this period."
+
+
+def shadow_headline(shadow) -> str:
+    """The principal quotas in shadow mode would have held back the most, in a sentence."""
+    row = shadow.iloc[0]
+    requests, throttled, rejected = row["requests"], row["shadow_throttled"], row["shadow_rejected"]
+    held = []
+    if throttled:
+        held.append(f"throttled on {_percent(row['shadow_throttled_ratio'])} of its requests "
+                    f"({throttled:,} of {requests:,})")
+    if rejected:
+        held.append(f"rejected on {_percent(row['shadow_rejected_ratio'])}"
+                    + (f" ({rejected:,})" if throttled else f" of its requests ({rejected:,} of {requests:,})"))
+    line = f"In shadow mode, {row['user']} / {row['client_id']} would have been {' and '.join(held)}"
+    if row["shadow_throttle_time_ms"]:
+        waited = row["shadow_throttle_time_ratio"]
+        line += (f", waiting {waited:.2g} s" if waited >= 0.01 else f", waiting {waited * 1000:.2g} ms") \
+            + " per second of activity"
+    if len(shadow) > 1:
+        line += f"; {len(shadow)} principals in all would have been held back"
+    return line
+
+
+def shadow_table(shadow):
+    """``shadow`` (demand.shadow_affected) with the report's column headings."""
+    return shadow.assign(
+        shadow_throttled_ratio=shadow["shadow_throttled_ratio"].map(_percent),
+        shadow_rejected_ratio=shadow["shadow_rejected_ratio"].map(_percent),
+    ).rename(columns={
+        "shadow_throttled": "would have been throttled", "shadow_throttled_ratio": "% throttled",
+        "shadow_rejected": "would have been rejected", "shadow_rejected_ratio": "% rejected",
+        "shadow_throttle_time_ms": "throttle ms it would have waited",
+        "shadow_throttle_time_ratio": "throttle s per second of activity",
+    })
+
+
+def _percent(ratio: float) -> str:
+    if ratio == 0 or ratio >= 0.01:
+        return f"{ratio:.0%}"
+    return f"{ratio:.1%}" if ratio >= 0.001 else "<0.1%"
 
 
 def _outlier_header(rule, flags, notes) -> list[str]:
