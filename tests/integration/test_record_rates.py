@@ -253,9 +253,15 @@ def test_connector_glob_holds_each_task_to_its_own_record_rate(broker, proxy):
                            client_id=task.client_id) == CONNECTOR_QUOTA, "not an entity of its own"
     assert billing_delivered.errors == []
     assert_offsets_contiguous(billing_delivered.offsets)
-    # The billing task gets what it offers, twice the orders bound.
-    assert_within(f"offered rate ({billing}, not limited)",
-                  rate_in_window(billing_delivered.acks, start + WARMUP_S, end), offered_rate)
+    # The billing task gets what it offers, twice the orders bound: at least 90% of it in the
+    # measured window. Only the lower side says "not limited": this loop offers records on a
+    # timetable, and when it lags (the kafka-python tasks share its interpreter) its own backlog
+    # is delivered inside the window, which reads as more than it offered there (1.12x seen on a
+    # slow 2-core machine, as before the shadow-mode change), never as less.
+    billing_rate = rate_in_window(billing_delivered.acks, start + WARMUP_S, end)
+    print(f"\noffered rate ({billing}, not limited): {billing_rate:.1f} records/s, "
+          f"ratio {billing_rate / offered_rate:.3f}")
+    assert billing_rate >= 0.9 * offered_rate, f"{billing} held to {billing_rate:.1f} records/s of {offered_rate}"
     assert not any(t > 0 for t in billing_throttles), f"{billing} was throttled: {billing_throttles}"
     assert sum_samples(after, "kqp_quota_bound", client_id=billing) == 0
     assert metric_delta(before, after, "kqp_quota_throttled_total", kind="producer_record_rate") > 0
