@@ -211,8 +211,7 @@ class ClientConnection(asyncio.Protocol):
                 self._through = size + 4 - n
                 entry = InFlight(correlation_id, key, version, received_at, size)
                 entry.route = plan_route(self.chain.response_route, entry)
-                if self.usage is not None:
-                    entry.forwarded_at = received_at
+                entry.forwarded_at = received_at
                 self.queue.expect_from_broker(entry)
                 stats = self.stats
                 stats.bytes_client_to_upstream += n

@@ -58,13 +58,14 @@ class InFlight:
         # How the broker's response goes back (proxy.routes.plan_route), decided when the
         # request is forwarded; None (ASSEMBLED) until then.
         self.route: Any = None
-        # For the usage log: when it went to the broker (0: not sent) and how long the broker took.
+        # When it went to the broker (0: not sent) and how long the broker took: for the usage
+        # log, and the latency the proxy added (kqp_request_upstream_seconds_total).
         self.forwarded_at = 0.0
         self.upstream_ms = 0.0
 
     def answered(self) -> None:
-        """The broker's response arrived: how long the broker took, for the usage log. Called
-        only when ``forwarded_at`` is set (the usage log is on), so it costs nothing otherwise."""
+        """The broker's response arrived: how long the broker took. Called only for a request
+        that went to the broker (``forwarded_at`` set)."""
         self.upstream_ms = (time.monotonic() - self.forwarded_at) * 1000
 
     def throttle(self, throttle_ms: int) -> None:

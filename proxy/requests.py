@@ -199,8 +199,7 @@ class RequestSide:
             if entry.throttle_ms:
                 self.conn.hold_for_throttle(entry)
             self.queue.expect_from_broker(entry)
-            if self.usage is not None:
-                entry.forwarded_at = time.monotonic()
+            entry.forwarded_at = time.monotonic()
         out.append(_INT32.pack(len(frame)))
         out.append(frame)
 

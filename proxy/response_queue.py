@@ -219,10 +219,12 @@ class ResponseQueue:
         version = done.api_version
         if 0 <= key < SLOT_KEYS and 0 <= version < SLOT_VERSIONS:
             stats.responses.slots[key * SLOT_VERSIONS + version] += 1
-            stats.latency.slots[key].observe(time.monotonic() - done.received_at)
+            latency = stats.latency.slots[key]
         else:  # an API the proxy does not know, or a version past the count slots
             stats.responses.add(key, version)
-            stats.latency.histogram(key).observe(time.monotonic() - done.received_at)
+            latency = stats.latency.histogram(key)
+        latency.observe(time.monotonic() - done.received_at)
+        latency.upstream_ms += done.upstream_ms
         if self.usage is not None and not done.raw:
             self.count_usage(done, size)
 

@@ -77,11 +77,14 @@ class VersionCounts(Mapping):
 
 
 class LatencyHistogram:
-    __slots__ = ("counts", "sum_s")
+    __slots__ = ("counts", "sum_s", "upstream_ms")
 
     def __init__(self) -> None:
         self.counts = [0] * (len(LATENCY_BUCKETS_S) + 1)
         self.sum_s = 0.0
+        # Of sum_s, the time the broker took (from the request written upstream to its response
+        # read back), summed: the rest is what the proxy added, throttle holds included.
+        self.upstream_ms = 0.0
 
     def observe(self, seconds: float) -> None:
         # A Prometheus bucket counts observations <= its bound: bisect_left finds the first
@@ -191,7 +194,7 @@ class StatsCollector(Collector):
             local.add_metric([api_name(key)], n)
         families.append(local)
         yield
-        families.append((yield from _latency_family(s.latency)))
+        families.extend((yield from _latency_family(s.latency)))
         b = CounterMetricFamily("kqp_bytes", "Bytes forwarded", labels=["direction"])
         b.add_metric(["client_to_upstream"], s.bytes_client_to_upstream)
         b.add_metric(["upstream_to_client"], s.bytes_upstream_to_client)
@@ -272,12 +275,18 @@ def _latency_family(latency: LatencyByApi) -> Steps:
         "Time from a request's arrival from the client to its response being written back",
         labels=["api"],
     )
+    upstream = CounterMetricFamily(
+        "kqp_request_upstream_seconds",
+        "Of kqp_request_latency_seconds_sum, the time the broker took (request written to it until its "
+        "response was read back); the difference is what the proxy added", labels=["api"],
+    )
     bounds = [*(repr(bound) for bound in LATENCY_BUCKETS_S), "+Inf"]
     for i, (key, h) in enumerate(sorted(latency.items())):
         if i % (SAMPLES_PER_STEP // len(bounds)) == 0:
             yield
         hist.add_metric([api_name(key)], list(zip(bounds, accumulate(h.counts))), h.sum_s)
-    return hist
+        upstream.add_metric([api_name(key)], h.upstream_ms / 1000)
+    return [hist, upstream]
 
 
 # -- scrapes in slices --------------------------------------------------------------------------

@@ -90,3 +90,35 @@ def test_a_hostile_http_client_gets_4xx_and_the_proxy_logs_no_traceback(tansu, p
 
     assert get(p.metrics_url)[0] == 200
     assert "Traceback" not in p.log_text()
+
+
+def test_the_latency_the_proxy_adds_is_the_latency_less_the_brokers_time(tansu):
+    """A Fetch the broker holds (long poll on an empty topic) spends nearly all of its latency in
+    the broker: kqp_request_upstream_seconds_total says how much, so the dashboard can show what
+    the proxy itself added (kqp_request_latency_seconds_sum minus it)."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from protocol.apis import SPECS, ApiKey
+    from tests.support.inproc import InProcessProxy
+
+    topic = "latency-empty"
+    admin = AdminClient({"bootstrap.servers": tansu.bootstrap})
+    admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])[topic].result(30)
+    R = SPECS[ApiKey.FETCH].request[12]
+    T = R.FetchTopic
+    fetch = R(replica_id=-1, max_wait_ms=600, min_bytes=1, max_bytes=1 << 20, isolation_level=0, session_id=0,
+              session_epoch=-1, topics=[T(topic=topic, partitions=[T.FetchPartition(
+                  partition=0, current_leader_epoch=-1, fetch_offset=0, last_fetched_epoch=-1, log_start_offset=-1,
+                  partition_max_bytes=1 << 20)])], forgotten_topics_data=[], rack_id="")
+    with InProcessProxy([tansu.bootstrap]) as p:
+        with socket.create_connection(p.address, timeout=10) as s:
+            started = time.monotonic()
+            for i in range(3):
+                s.sendall(request_bytes(fetch, i, client_id="long-poll"))
+                assert read_frame(s) is not None
+            took = time.monotonic() - started
+        latency = p.metric("kqp_request_latency_seconds_sum", api="Fetch")
+        upstream = p.metric("kqp_request_upstream_seconds_total", api="Fetch")
+        assert p.metric("kqp_request_latency_seconds_count", api="Fetch") == 3
+    assert 0.2 < upstream <= latency <= took  # Tansu holds an empty fetch for part of max_wait_ms
+    assert latency - upstream < 0.1  # what the proxy added to three round trips
