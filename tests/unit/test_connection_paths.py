@@ -565,6 +565,9 @@ def test_a_hot_path_entry_is_the_one_init_and_route_make():
             made = InFlight(struct.unpack_from(">i", frame, 8)[0], key, struct.unpack_from(">h", frame, 6)[0],
                             entry.received_at, len(frame) - 4)
             made.route = plan_route(pair.conn.chain.response_route, made)
+            # Stamped when it goes to the broker, for the broker's share of its latency.
+            assert entry.forwarded_at == entry.received_at > 0
+            made.forwarded_at = entry.received_at
             for field in InFlight.__slots__:
                 if field != "__dict__":
                     assert getattr(entry, field) == getattr(made, field), field
