@@ -241,7 +241,11 @@ def test_rogue_tenants_are_rejected_while_long_lived_producers_never_are(proxy):
     assert sum_samples(metrics, "kqp_producer_ids_rejected_total") >= len(ck) - len(admitted)
     # Every admitted id was counted once: two steady producers, and each rogue's admissions.
     assert sum_samples(metrics, "kqp_producer_ids_new_total") >= 2 + len(admitted) + len(kp_ok)
-    assert sum_samples(metrics, "kqp_producer_ids_tracked_users") == 3
+    # The three users, and no other: a rogue whose last new id is a window old by the time the
+    # last of its producers has closed may have been dropped already (its layers expired).
+    tracked = sum_samples(metrics, "kqp_producer_ids_tracked_users")
+    assert 1 <= tracked <= 3
+    assert tracked + sum_samples(metrics, "kqp_producer_ids_users_removed_total") >= 3
     assert "Traceback" not in log and "level=ERROR" not in log, log[-4000:]
 
 
