@@ -42,6 +42,17 @@ _COUNTERS = COLUMN_NAMES[KEY_COLUMNS:]
 _REQUESTS, _REQ_BYTES, _RESP_BYTES, _RECORDS, _BATCHES, _MUTATIONS, _NEW_PIDS = range(7)
 _THROTTLE_SUM, _THROTTLE_MAX, _THROTTLED, _REJECTED, _UPSTREAM_MS = range(7, 12)
 _SHADOW_SUM, _SHADOW_MAX, _SHADOW_THROTTLED, _SHADOW_REJECTED = range(12, 16)
+# Applied and shadow throttles are laid out alike: sum, max, count from the sum's position.
+assert (_THROTTLE_MAX, _THROTTLED, _SHADOW_MAX, _SHADOW_THROTTLED) == (
+    _THROTTLE_SUM + 1, _THROTTLE_SUM + 2, _SHADOW_SUM + 1, _SHADOW_SUM + 2)
+
+
+def _count_throttle(c: list, at: int, throttle_ms: int) -> None:
+    """Adds one throttle to the (sum, max, count) counters starting at ``at``."""
+    c[at] += throttle_ms
+    if throttle_ms > c[at + 1]:
+        c[at + 1] = throttle_ms
+    c[at + 2] += 1
 
 
 class Interval(NamedTuple):
@@ -91,18 +102,12 @@ class UsageAggregator:
         c[_MUTATIONS] += mutations
         c[_NEW_PIDS] += new_producer_ids
         if throttle_ms:
-            c[_THROTTLE_SUM] += throttle_ms
-            c[_THROTTLED] += 1
-            if throttle_ms > c[_THROTTLE_MAX]:
-                c[_THROTTLE_MAX] = throttle_ms
+            _count_throttle(c, _THROTTLE_SUM, throttle_ms)
         if rejected:
             c[_REJECTED] += 1
         c[_UPSTREAM_MS] += upstream_ms
         if shadow_throttle_ms:
-            c[_SHADOW_SUM] += shadow_throttle_ms
-            c[_SHADOW_THROTTLED] += 1
-            if shadow_throttle_ms > c[_SHADOW_MAX]:
-                c[_SHADOW_MAX] = shadow_throttle_ms
+            _count_throttle(c, _SHADOW_SUM, shadow_throttle_ms)
         if shadow_rejected:
             c[_SHADOW_REJECTED] += 1
 

@@ -124,15 +124,13 @@ def _literal_chars(pattern: str) -> int:
 class _KindRules:
     """The rules of one quota kind, indexed for lookup."""
 
-    __slots__ = ("exact", "globs", "shadow")
+    __slots__ = ("exact", "globs")
 
     def __init__(self) -> None:
-        # (user spec, client spec) → bound; a spec is a name, _D, or None.
-        self.exact: dict[tuple[Any, Any], float] = {}
+        # (user spec, client spec) → (bound, shadow); a spec is a name, _D, or None.
+        self.exact: dict[tuple[Any, Any], tuple[float, bool]] = {}
         # user spec → [(pattern, bound, shadow)], most specific first.
         self.globs: dict[Any, list[tuple[str, float, bool]]] = {}
-        # The (user spec, client spec) of exact entries in shadow mode.
-        self.shadow: set[tuple[Any, Any]] = set()
 
     def glob_match(self, user_spec: Any, client_id: str) -> tuple[str, float, bool] | None:
         for pattern, bound, shadow in self.globs.get(user_spec, ()):
@@ -164,9 +162,7 @@ class EntityResolver:
                     continue
                 if (user_spec, client_spec) in kr.exact:
                     raise ValueError(f"two {kind} quotas for {rule.describe()}")
-                kr.exact[(user_spec, client_spec)] = float(bound)
-                if rule.shadow:
-                    kr.shadow.add((user_spec, client_spec))
+                kr.exact[(user_spec, client_spec)] = (float(bound), rule.shadow)
         for (kind, user_spec), entries in globs.items():
             entries.sort()
             self._kinds[kind].globs[user_spec] = [(p, b, sh) for _, _, p, b, sh in entries]
@@ -182,25 +178,22 @@ class EntityResolver:
         kr = self._kinds.get(kind)
         if kr is None:
             return None
-        exact, shadow = kr.exact, kr.shadow
+        exact = kr.exact
         # ClientQuotaManager.DefaultQuotaCallback: levels 1-3 for the user, then 4-6 for the
         # <default> user; the sensor is per (user, client id) except at 3 and 6 (per user).
         for level, user_spec in ((1, user), (4, _D)):
-            spec: tuple[Any, Any] = (user_spec, client_id)
-            bound = exact.get(spec)
-            if bound is not None:
-                return ResolvedQuota(kind, bound, user, client_id, level, None, spec in shadow)
+            found = exact.get((user_spec, client_id))
+            if found is not None:
+                return ResolvedQuota(kind, found[0], user, client_id, level, None, found[1])
             hit = kr.glob_match(user_spec, client_id)
             if hit is not None:
                 return ResolvedQuota(kind, hit[1], user, client_id, level, hit[0], hit[2])
-            spec = (user_spec, _D)
-            bound = exact.get(spec)
-            if bound is not None:
-                return ResolvedQuota(kind, bound, user, client_id, level + 1, None, spec in shadow)
-            spec = (user_spec, None)
-            bound = exact.get(spec)
-            if bound is not None:
-                return ResolvedQuota(kind, bound, user, None, level + 2, None, spec in shadow)
+            found = exact.get((user_spec, _D))
+            if found is not None:
+                return ResolvedQuota(kind, found[0], user, client_id, level + 1, None, found[1])
+            found = exact.get((user_spec, None))
+            if found is not None:
+                return ResolvedQuota(kind, found[0], user, None, level + 2, None, found[1])
         return self._resolve_client_level(kr, kind, client_id)
 
     def resolve_user_level(self, kind: str, user: str) -> ResolvedQuota | None:
@@ -208,12 +201,12 @@ class EntityResolver:
         kr = self._kinds.get(kind)
         if kr is None:
             return None
-        bound = kr.exact.get((user, None))
-        if bound is not None:
-            return ResolvedQuota(kind, bound, user, None, 3, None, (user, None) in kr.shadow)
-        bound = kr.exact.get((_D, None))
-        if bound is not None:
-            return ResolvedQuota(kind, bound, user, None, 6, None, (_D, None) in kr.shadow)
+        found = kr.exact.get((user, None))
+        if found is not None:
+            return ResolvedQuota(kind, found[0], user, None, 3, None, found[1])
+        found = kr.exact.get((_D, None))
+        if found is not None:
+            return ResolvedQuota(kind, found[0], user, None, 6, None, found[1])
         return None
 
     def resolve_client_level(self, kind: str, client_id: str) -> ResolvedQuota | None:
@@ -224,15 +217,15 @@ class EntityResolver:
     @staticmethod
     def _resolve_client_level(kr: _KindRules, kind: str, client_id: str) -> ResolvedQuota | None:
         # DefaultQuotaCallback: /config/clients/<client-id>, then <default>; sensor per client id.
-        bound = kr.exact.get((None, client_id))
-        if bound is not None:
-            return ResolvedQuota(kind, bound, None, client_id, 7, None, (None, client_id) in kr.shadow)
+        found = kr.exact.get((None, client_id))
+        if found is not None:
+            return ResolvedQuota(kind, found[0], None, client_id, 7, None, found[1])
         hit = kr.glob_match(None, client_id)
         if hit is not None:
             return ResolvedQuota(kind, hit[1], None, client_id, 7, hit[0], hit[2])
-        bound = kr.exact.get((None, _D))
-        if bound is not None:
-            return ResolvedQuota(kind, bound, None, client_id, 8, None, (None, _D) in kr.shadow)
+        found = kr.exact.get((None, _D))
+        if found is not None:
+            return ResolvedQuota(kind, found[0], None, client_id, 8, None, found[1])
         return None
 
     def resolve_entity(self, kind: str, user: str | None, client_id: str | None) -> ResolvedQuota | None:
