@@ -76,12 +76,16 @@ def rate_in_window(events: list[tuple[float, int]], start: float, end: float, we
     return sum(n for t, n in events if start <= t <= end) * weight / (end - start)
 
 
-def assert_within(what: str, rate: float, bound: float, unit: str = "records/s", tolerance: float = TOLERANCE) -> None:
-    """``rate`` is within ``tolerance`` of ``bound``; both and their ratio are printed either way."""
+def assert_within(what: str, rate: float, bound: float, unit: str = "records/s", tolerance: float = TOLERANCE,
+                  below: float | None = None) -> None:
+    """``rate`` is at most ``tolerance`` above ``bound`` and at most ``below`` (default: the same
+    ``tolerance``) under it; both and their ratio are printed either way."""
+    below = tolerance if below is None else below
     ratio = rate / bound
     print(f"\n{what}: {rate:.1f} {unit} measured, bound {bound:g} {unit}, ratio {ratio:.3f}")
-    assert abs(ratio - 1) <= tolerance, (
-        f"{what}: measured {rate:.1f} {unit} = {ratio:.3f} × {bound:g} {unit} (allowed ±{tolerance:.0%})"
+    assert 1 - below <= ratio <= 1 + tolerance, (
+        f"{what}: measured {rate:.1f} {unit} = {ratio:.3f} × {bound:g} {unit} "
+        f"(allowed {1 - below:.2f} to {1 + tolerance:.2f})"
     )
 
 
