@@ -220,6 +220,14 @@ class QuotaManager:
         """The rule that applies, or None. User-level only for ``producer_ids_rate``."""
         return self._resolver.resolve(kind, user or "", client_id or "")
 
+    def rule_for(self, user: str, client_id: str, kind: str) -> ResolvedQuota | None:
+        """What :meth:`resolve` answers, from the state cache once the entity has been charged
+        (a per-request read: a dict lookup instead of walking the rules and their globs)."""
+        state = self._cache.get((kind, user, client_id), _MISS)
+        if state is _MISS:
+            return self._resolver.resolve(kind, user or "", client_id or "")
+        return state.resolved if isinstance(state, _State) else None
+
     # -- decisions --------------------------------------------------------------------------
 
     def check_and_record(self, user: str, client_id: str, kind: str, amount: float, now_ms: int) -> Decision:
