@@ -217,12 +217,10 @@ class QuotaManager:
                 state.set_quota(resolved)
 
     def resolve(self, user: str, client_id: str, kind: str) -> ResolvedQuota | None:
-        """The rule that applies, or None. User-level only for ``producer_ids_rate``."""
-        return self._resolver.resolve(kind, user or "", client_id or "")
+        """The rule that applies, or None. User-level only for ``producer_ids_rate``.
 
-    def rule_for(self, user: str, client_id: str, kind: str) -> ResolvedQuota | None:
-        """What :meth:`resolve` answers, from the state cache once the entity has been charged
-        (a per-request read: a dict lookup instead of walking the rules and their globs)."""
+        Read on every request by the filters: once the entity has been charged, from the
+        resolution cache (one dict lookup) instead of walking the rules and their globs."""
         state = self._cache.get((kind, user, client_id), _MISS)
         if state is _MISS:
             return self._resolver.resolve(kind, user or "", client_id or "")

@@ -75,7 +75,7 @@ class RateQuotaFilter:
         # may not ask for more than the quota admits in
         # (samples - 1) windows (ClientQuotaManager.getMaxValueInQuotaWindow), or a response
         # larger than the window could hold would be throttled, emptied and asked for again forever.
-        resolved = self.manager.rule_for(user, client_id, CONSUMER_BYTE_RATE)
+        resolved = self.manager.resolve(user, client_id, CONSUMER_BYTE_RATE)
         if resolved is None or resolved.shadow:  # shadow mode rewrites nothing
             return frame
         cap_bytes = max(int(resolved.quota * self.max_value_window_s), 1)

@@ -194,26 +194,27 @@ def test_replace_rules_invalidates_cached_resolutions_and_rejects_bad_rules():
     assert qm.rules == tuple(rules)
 
 
-def test_rule_for_answers_as_resolve_before_and_after_a_charge_and_across_reloads():
-    qm = QuotaManager([QuotaRule(None, "connect-*", {CONSUMER_BYTE_RATE: 100}),
-                       QuotaRule(None, DEFAULT, {CONSUMER_BYTE_RATE: 50})])
+def test_resolve_answers_as_the_rules_before_and_after_a_charge_and_across_reloads():
+    rules = [QuotaRule(None, "connect-*", {CONSUMER_BYTE_RATE: 100}),
+             QuotaRule(None, DEFAULT, {CONSUMER_BYTE_RATE: 50})]
+    qm, walked = QuotaManager(rules), EntityResolver(rules)
     cases = [("u", "connect-1"), ("u", "other"), ("", "")]
-    for user, client_id in cases:  # nothing charged yet: resolved from the rules
-        assert qm.rule_for(user, client_id, CONSUMER_BYTE_RATE) == qm.resolve(user, client_id, CONSUMER_BYTE_RATE)
+    for user, client_id in cases:  # nothing charged yet: walked through the rules
+        assert qm.resolve(user, client_id, CONSUMER_BYTE_RATE) == walked.resolve(CONSUMER_BYTE_RATE, user, client_id)
     for user, client_id in cases:  # charged: answered from the state cache, the same rule
         qm.check_and_record(user, client_id, CONSUMER_BYTE_RATE, 1, 0)
-        assert qm.rule_for(user, client_id, CONSUMER_BYTE_RATE) == qm.resolve(user, client_id, CONSUMER_BYTE_RATE)
-    assert qm.rule_for("u", "connect-1", CONSUMER_BYTE_RATE).quota == 100
+        assert qm.resolve(user, client_id, CONSUMER_BYTE_RATE) == walked.resolve(CONSUMER_BYTE_RATE, user, client_id)
+    assert qm.resolve("u", "connect-1", CONSUMER_BYTE_RATE).quota == 100
     # A reload's new bound and mode are what the next read sees; a rule removed, no rule.
     qm.replace_rules([QuotaRule(None, "connect-*", {CONSUMER_BYTE_RATE: 7}, shadow=True)])
-    got = qm.rule_for("u", "connect-1", CONSUMER_BYTE_RATE)
+    got = qm.resolve("u", "connect-1", CONSUMER_BYTE_RATE)
     assert (got.quota, got.shadow) == (7, True)
     qm.check_and_record("u", "connect-1", CONSUMER_BYTE_RATE, 1, 0)
-    got = qm.rule_for("u", "connect-1", CONSUMER_BYTE_RATE)
+    got = qm.resolve("u", "connect-1", CONSUMER_BYTE_RATE)
     assert (got.quota, got.shadow) == (7, True)
-    assert qm.rule_for("u", "other", CONSUMER_BYTE_RATE) is None
+    assert qm.resolve("u", "other", CONSUMER_BYTE_RATE) is None
     qm.check_and_record("u", "other", CONSUMER_BYTE_RATE, 1, 0)  # cached as "no rule"
-    assert qm.rule_for("u", "other", CONSUMER_BYTE_RATE) is None
+    assert qm.resolve("u", "other", CONSUMER_BYTE_RATE) is None
 
 
 def test_time_going_backwards_is_no_time_passing():
