@@ -312,6 +312,18 @@ class QuotaManager:
             state.last_used_ms = now_ms
         state.unrecord_at(amount, now_ms)
 
+    def charge(self, user: str, client_id: str, kind: str, amount: float, now_ms: int) -> None:
+        """Records ``amount`` learned after the decision (a topic the broker created although the
+        proxy expected it refused), deciding and counting nothing: the next request pays for it."""
+        self.unrecord(user, client_id, kind, -amount, now_ms)
+
+    def tokens(self, user: str, client_id: str, kind: str, now_ms: int) -> float | None:
+        """The entity's tokens now (token-bucket kinds), charging nothing; None: no quota applies."""
+        if kind not in TOKEN_BUCKET_KINDS:
+            raise ValueError(f"tokens is for token-bucket kinds, not {kind!r}")
+        state = self._entity(user, client_id, kind, now_ms)
+        return None if state is None else state.tokens_at(now_ms)
+
     def _entity(self, user: str, client_id: str, kind: str, now_ms: int) -> _State | None:
         """The state this (user, client id) is charged to for ``kind``, or None (no rule).
         check_and_record, the per-request path, has these two lines inline."""

@@ -3,6 +3,7 @@ the actions recorded instead of carried out."""
 
 from __future__ import annotations
 
+import asyncio
 from types import SimpleNamespace
 
 from proxy.filters.api import FilterContext
@@ -43,3 +44,30 @@ def filter_context(principal: str | None = None, client_id: str | None = "c", cl
     ctx.label = "test"
     ctx.actions = recorder.actions
     return ctx
+
+
+class _NoDialer:
+    """A BrokerDialer with no broker behind it: every own connection is refused."""
+
+    @staticmethod
+    async def open(address, timeout_s):
+        raise ConnectionRefusedError("no broker in this test")
+
+    @staticmethod
+    def log_failure(*args) -> None:
+        pass
+
+
+def unreachable_cluster(brokers: dict | None = None) -> SimpleNamespace:
+    """The cluster view of a proxy whose brokers cannot be reached: a filter's own lookups fail."""
+    return SimpleNamespace(brokers=brokers or {}, upstream_address=lambda node_id, attempt: ("127.0.0.1", 1),
+                           dialer=_NoDialer())
+
+
+def decided(decision):
+    """A Defer's decision, awaited (its lookups fail against an unreachable cluster); any other as is."""
+    from proxy.filters.api import Defer
+
+    while isinstance(decision, Defer):
+        decision = asyncio.run(decision.decision)
+    return decision

@@ -15,6 +15,7 @@ CreatePartitions / DeleteTopics leaves for its response. Only a ProtocolError ma
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import random
 import struct
@@ -138,6 +139,23 @@ def request_frame(key: int, version: int, mechanism: str = "PLAIN") -> tuple[byt
     frame = bytearray(req.encode(header=True))
     frame[2:4] = version.to_bytes(2, "big")
     return bytes(frame), len(frame) - len(body)
+
+
+def two_valid_topics(frame: bytes, body_offset: int) -> bytes:
+    """A generated CreateTopics / CreatePartitions / DeleteTopics ``frame`` whose two topics are
+    ones Kafka would not refuse for their own reason (two names, no manual assignment), so the
+    controller mutation quota decides them."""
+    header = parse_request_header(frame)
+    req = decode_request(header.api_key, header.api_version, frame[body_offset:])
+    if header.api_key == ApiKey.DELETE_TOPICS and header.api_version < 6:
+        req.topic_names = [f"{TOPIC}-{i}" for i in range(len(req.topic_names))]
+    for i, t in enumerate(getattr(req, "topics", ())):
+        t.name = f"{TOPIC}-{i}"
+        if header.api_key == ApiKey.CREATE_TOPICS:
+            t.name, t.assignments = f"new-{TOPIC}-{i}", []
+        elif header.api_key == ApiKey.CREATE_PARTITIONS:
+            t.assignments = None
+    return frame[:body_offset] + encode_body(req)
 
 
 def response_frame(key: int, version: int, shape: dict) -> tuple[bytes, int]:
@@ -297,11 +315,11 @@ def _null_and_empty(kind: str) -> tuple[tuple[str, bytes], ...]:
 
 
 class EveryTopic(TopicCache):
-    """Knows a partition count for every topic: the controller mutation filter decides at once
-    (a lookup would need a broker)."""
+    """Knows a partition count for every topic but the new ones (named ``new-…``): the
+    controller mutation filter decides at once (a lookup would need a broker)."""
 
     def count(self, name=None, topic_id=None):
-        return 20
+        return None if name and name.startswith("new-") else 20
 
 
 class Cluster:
@@ -314,6 +332,15 @@ class Cluster:
 
     def upstream_address(self, node_id, attempt):
         return "b1.internal", 9092
+
+    class dialer:  # noqa: N801 - the cluster's BrokerDialer: no broker here to look topics up at
+        @staticmethod
+        async def open(address, timeout_s):
+            raise ConnectionRefusedError("no broker in this test")
+
+        @staticmethod
+        def log_failure(*args):
+            pass
 
 
 class Proxy:
@@ -421,10 +448,12 @@ class Proxy:
         (mutations,) = (f for f in self.request_filters(key, version) if type(f).__name__ == "ControllerMutationFilter")
         saved, mutations.manager = mutations.manager, quota_manager_for(self.config)
         try:
-            frame, _ = request_frame(key, version)
+            frame = two_valid_topics(*request_frame(key, version))
             header = parse_request_header(frame)
             entry = InFlight(header.correlation_id, key, version, 0.0, len(frame))
             decision = mutations.on_request(self.conn(), header, frame, entry)
+            if isinstance(decision, Defer):  # the fresh lookup before a refusal, failing here
+                decision = asyncio.run(decision.decision)
             assert isinstance(decision, Forward)
         finally:
             mutations.manager = saved
@@ -589,13 +618,15 @@ def test_a_negative_partition_count_gives_no_tokens_back(proxy):
     R = SPECS[ApiKey.CREATE_TOPICS].request[5]
     T = R.CreatableTopic
     req = R(topics=[T(name=name, num_partitions=n, replication_factor=1, assignments=[], configs=[])
-                    for name, n in (("a", -1_000_000), ("b", 30))], timeout_ms=100, validate_only=False)
+                    for name, n in (("new-a", -1_000_000), ("new-b", 30))], timeout_ms=100, validate_only=False)
     req.with_header(correlation_id=7, client_id="fuzz")
     frame = bytes(req.encode(header=True))
     header = parse_request_header(frame)
     entry = InFlight(7, header.api_key, 5, 0.0)
     f = ControllerMutationFilter(quota_manager_for(proxy.config), EveryTopic(), 1, 1.0)
     decision = f.on_request(proxy.conn(), header, frame, entry)
+    if isinstance(decision, Defer):  # the fresh lookup before a throttle, failing here
+        decision = asyncio.run(decision.decision)
     assert isinstance(decision, Forward) and decision.frame is None  # forwarded as it is
     assert entry.mutations == 30
     assert decision.throttle_ms > 0  # 30 partitions against a burst of 11: in debt

@@ -24,7 +24,7 @@ from quotas.common import ShadowDecision
 from quotas.entities import EntityResolver
 from quotas.limiters import BatchRateLimiter, LimiterContext, RecordRateLimiter
 from quotas.producer_ids import ProducerIdQuotaManager, ProducerIdSettings
-from tests.support.filter_context import filter_context
+from tests.support.filter_context import decided, filter_context, unreachable_cluster
 from tests.unit.test_records import batch, fetch_frame, produce_frame
 
 
@@ -236,8 +236,10 @@ def test_producer_ids_rate():
 
 
 class _Topics(TopicCache):
+    """No topic exists yet: each CreateTopics entry is one Kafka would create."""
+
     def count(self, name=None, topic_id=None):
-        return 3
+        return None
 
 
 @pytest.mark.parametrize("version", [5, 6])  # permissive (throttled) and strict (refused, KIP-599)
@@ -260,12 +262,12 @@ def test_controller_mutation_rate(version, monkeypatch):
                "quotas": [{"client_id": "app", "controller_mutation_rate": 0.1,
                            "mode": "shadow" if shadow else "enforce"}]}
         f = ControllerMutationFilter(quota_manager_for(parse_config(raw)), _Topics(), 1, 1.0)
-        ctx = filter_context("alice", client_id="app")
+        ctx = filter_context("alice", client_id="app", cluster=unreachable_cluster())
         for names in (["a"], ["b", "c"], ["d"]):  # a burst of 1.1: a goes into debt, the rest wait 9 s+
             clock.ms += 100
             fr = frame(names)
             header, entry = _request(fr)
-            decision = f.on_request(ctx, header, fr, entry)
+            decision = decided(f.on_request(ctx, header, fr, entry))  # before refusing, a lookup (failing here)
             if not shadow and isinstance(decision, Forward) and decision.frame is not None:
                 decision = Forward(None, decision.throttle_ms)  # the topics it cut out: counted as refused
                 entry.rejected = True

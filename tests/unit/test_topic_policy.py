@@ -230,8 +230,12 @@ def test_two_filters_that_each_cut_topics_out_give_every_topic_back_in_order():
     async def go():
         pair = policy_then_mutations()
         pair.conn.data_received(create_topics(6, ["tmp-a", "orders", "billing"], 5))
-        # The policy forwards orders and billing; the quota admits orders (into debt) and
-        # forwards it alone. Each merges its own refusals back: the quota's first, then the policy's.
+        # The policy forwards orders and billing; the quota admits orders (into debt) and, after
+        # asking the broker about billing (127.0.0.1:1 refuses at once), forwards it alone. Each
+        # merges its own refusals back: the quota's first, then the policy's.
+        async with asyncio.timeout(10):
+            while not pair.requests_seen_by_broker():
+                await asyncio.sleep(0.01)
         assert [[t.name for t in topics] for topics in topics_seen_by_broker(pair, 6)] == [["orders"]]
         answer, _ = broker_answer(6, 5, ["orders"])
         pair.up.data_received(answer)
@@ -249,6 +253,9 @@ def test_an_answer_after_an_earlier_filters_cut_gets_that_filters_topics_back():
         pair = policy_then_mutations()
         pair.server.quotas.record(ANONYMOUS, "app", CONTROLLER_MUTATION_RATE, 100, now_ms())  # deep in debt
         pair.conn.data_received(create_topics(6, ["billing", "tmp-a"], 5))
+        async with asyncio.timeout(10):  # after asking the broker about billing (127.0.0.1:1 refuses at once)
+            while not pair.client.bytes():
+                await asyncio.sleep(0.01)
         assert pair.requests_seen_by_broker() == []  # the quota answers for billing, the policy's cut is merged in
         (resp,) = client_responses(pair, 6)
         assert [(t.name, t.error_code) for t in resp.topics] == [
