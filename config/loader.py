@@ -99,6 +99,16 @@ def parse_config(data: Any) -> Config:
     )
 
 
+def written_sections(data: Any) -> frozenset[str]:
+    """The top-level keys of a configuration (as YAML loaded it) that hold a value. A key with
+    nothing under it (``quotas:`` alone, YAML's null) is left out: it parses as the section's
+    default, exactly as an absent key does, and it is what a file cut just after the key looks
+    like. An explicit empty value (``quotas: []``, ``producer_id_quota: {}``) is written."""
+    if not isinstance(data, dict):
+        return frozenset()
+    return frozenset(str(key) for key, value in data.items() if value is not None)
+
+
 # Kafka's Topic.validate: legal characters and the longest name.
 _TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 _USER_PREFIX = "User:"  # Kafka's KafkaPrincipal.USER_TYPE, as ACLs and kafka-acls.sh write it
@@ -133,6 +143,7 @@ def _quota_admin(data: Any, path: str) -> QuotaAdminConfig:
         principals=tuple(dict.fromkeys(principals)),
         describe=describe,
         topic=topic,
+        write_deadline_ms=_int(m, "write_deadline_ms", path, d.write_deadline_ms, 100, 300_000),
     )
 
 

@@ -250,6 +250,11 @@ class QuotaAdminConfig:
     # by every proxy instance, kept across restarts) or "memory" (this process only, lost on restart).
     store: str = "topic"
     topic: str = "__kqp_client_quotas"
+    # How long an Alter may take, from its arrival: waiting for the Alters before it, and the
+    # store's write with its retries (a new cluster answers InitProducerId
+    # COORDINATOR_LOAD_IN_PROGRESS for a while). Then it is answered REQUEST_TIMED_OUT with the
+    # cause. Within the 30 s an admin client waits for an answer (request.timeout.ms).
+    write_deadline_ms: int = 25_000
 
     def may_alter(self, principal: str) -> bool:
         return principal in self.principals

@@ -55,7 +55,13 @@ def by_entity(changes: Iterable[QuotaChange]) -> dict[QuotaEntity, list[QuotaCha
 
 class StoreUnavailable(Exception):
     """The store could not record changes (its storage unreachable or refusing): nothing
-    changed, and trying again later may succeed. The message says why, for the client."""
+    changed. The message says why, for the client. ``retriable``: trying again later may
+    succeed; False when the storage answered an error that retrying would not change (the
+    proxy's own principal not authorized, say)."""
+
+    def __init__(self, message: str, retriable: bool = True) -> None:
+        super().__init__(message)
+        self.retriable = retriable
 
 
 class QuotaStore(Protocol):
@@ -69,8 +75,13 @@ class QuotaStore(Protocol):
 
     async def commit(self, changes: Sequence[QuotaChange]) -> None:
         """Records ``changes`` (each a set or a removal of one key of one entity): all of them, or,
-        raising (StoreUnavailable when a retry may succeed), none. Once it returns, :meth:`merged`
-        reflects them."""
+        raising (StoreUnavailable when the store says why), none. Once it returns, :meth:`merged`
+        reflects them. Cancelled (its caller's deadline passed), it records none."""
+        ...
+
+    def write_trouble(self) -> str | None:
+        """Why the write under way is taking long (its last retried failure), for a caller whose
+        deadline passes first; None when nothing failed."""
         ...
 
 
@@ -121,3 +132,6 @@ class OverlayStore:
 
     async def commit(self, changes: Sequence[QuotaChange]) -> None:
         self.apply(changes)
+
+    def write_trouble(self) -> str | None:
+        return None

@@ -5,19 +5,30 @@ shares the quotas set through the Admin API, and they outlive restarts.
   ``cleanup.policy=compact``), read from offset 0 to its high watermark, and the overlay put in
   force (``on_change``) before :meth:`TopicStore.start` returns; until then the proxy is not
   ready (:attr:`TopicStore.loaded`). A cluster that cannot be read at start does not stop the
-  proxy: the file's quotas are in force, and the store keeps trying.
+  proxy: the file's quotas are in force, and the store keeps trying, with Kafka's back-off. A
+  topic just created that Metadata does not show yet (UNKNOWN_TOPIC_OR_PARTITION before the
+  brokers learnt of it) is not taken for deleted: it is created again, which the cluster
+  answers TOPIC_ALREADY_EXISTS once it knows it.
 - **Follow.** One task fetches from the partition leader with ``max_wait_ms`` 500, so a change
   written by any instance is in force here within a second. Each record replaces its entity's
   overlay (proxy.quota_topic), then the rules in force are re-applied, as a reload does
   (entities keep their rate state).
 - **Write.** :meth:`TopicStore.commit` writes the touched entities' whole new records as one
-  batch, with the proxy's own idempotent producer (InitProducerId once per connection;
-  acks=all), and applies them only once the leader acknowledged: the caller reads its writes.
-  A write that fails or does not finish within ``2 x timeout_s`` raises
-  :class:`StoreUnavailable` and changes nothing here (a write whose answer was lost may still
-  land, and is then applied by the follower, as in Kafka a timed-out request may have
-  succeeded). Records carry the whole entity, so a write repeated under a new producer id
-  after a failure is harmless.
+  batch, with the proxy's own idempotent producer (proxy.quota_topic_producer; acks=all), and
+  applies them only once the leader acknowledged: the caller reads its writes. A topic not
+  created yet is created first (a new cluster: the first Alter may come before the follower
+  created it).
+- **Retries** (proxy.kafka_retry, as Kafka's producer retries until ``delivery.timeout.ms``):
+  an error Kafka's clients retry (a new cluster's InitProducerId answering
+  COORDINATOR_LOAD_IN_PROGRESS, a leader not elected yet, NOT_ENOUGH_REPLICAS, ...) is retried
+  with Kafka's back-off (100 ms doubling to 1 s, jittered) until ``write_deadline_s`` after the
+  commit began, or until its caller's own deadline cancels it; a cluster that does not answer
+  at all, for ``2 x timeout_s`` in a row; any other error ends the write at once. A write that
+  ends so raises :class:`StoreUnavailable` naming the cause (``retriable`` False for an error
+  retrying would not change) and changes nothing here; :meth:`TopicStore.write_trouble` says
+  meanwhile why a write is taking long. A write whose answer was lost may still land, and is
+  then applied by the follower, as in Kafka a timed-out request may have succeeded. Records
+  carry the whole entity, so a write repeated under a new producer id is harmless.
 - **A deleted topic** (Metadata answers UNKNOWN_TOPIC_OR_PARTITION, or the topic id
   changed: replaced by another of the same name) is noticed when the follower reconnects, at
   least every ``topic_check_s``, and before every write, so a write never lands in a topic
@@ -36,19 +47,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import MappingProxyType
 from typing import Any
 
-import kafka.errors
 from kafka.protocol.admin import CreateTopicsRequest
 from kafka.protocol.consumer import FetchRequest, ListOffsetsRequest
-from kafka.protocol.producer import ProduceRequest
-from kafka.protocol.producer.transaction import InitProducerIdRequest
-from kafka.record import MemoryRecords, MemoryRecordsBuilder
+from kafka.record import MemoryRecords
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from quotas.client_quota_admin import QuotaChange, QuotaEntity
@@ -57,7 +66,9 @@ from quotas.entities import QuotaRule
 from . import quota_topic
 from .cluster import Cluster
 from .dialer import OwnConnection
+from .kafka_retry import FATAL, KAFKA_BACKOFF, RETRIABLE, UNREACHABLE, Retries
 from .quota_store import FileKeys, Overlay, StoreUnavailable, by_entity, file_keys_of, merge, overlay_values
+from .quota_topic_producer import PartitionProducer, Records, StoreError, broker_error
 from .refresh import fetch_topic_metadata, topic_metadata
 
 log = logging.getLogger(__name__)
@@ -66,32 +77,34 @@ log = logging.getLogger(__name__)
 _UNKNOWN_TOPIC_OR_PARTITION = 3
 _TOPIC_ALREADY_EXISTS = 36
 _FETCH_WAIT_MS = 500  # a change made through another instance is in force within a second
-_MAX_BACKOFF_S = 2.0
 _TOPIC_CHECK_S = 5.0  # how often the follower asks whether its topic still exists
-
-
-class StoreError(ConnectionError):
-    """The broker answered the store with an error (retried like a lost connection)."""
+WRITE_DEADLINE_S = 25.0  # within the 30 s an admin client waits (request.timeout.ms)
+_FAILURES = (OSError, TimeoutError, asyncio.IncompleteReadError, ConnectionError, ValueError)
 
 
 class TopicLost(StoreError):
     """The quota topic was deleted or replaced: it is being recreated and refilled."""
 
 
-def _broker_error(api: str, code: int, detail: str = "") -> StoreError:
-    name = kafka.errors.for_code(code).__name__.removesuffix("Error")
-    return StoreError(f"{api} answered {name} ({code}){': ' + detail if detail else ''}")
+def failure_kind(exc: BaseException) -> str:
+    """How proxy.kafka_retry treats ``exc``: an error answer as Kafka's clients do (retried if a
+    RetriableException), an answer this code cannot read as fatal, anything else (no answer) as
+    the cluster out of reach."""
+    if isinstance(exc, StoreError):
+        return RETRIABLE if exc.retriable else FATAL
+    return FATAL if isinstance(exc, ValueError) else UNREACHABLE
 
 
 class TopicStore:
     """A :class:`proxy.quota_store.QuotaStore` whose overlay is what the topic says."""
 
     def __init__(self, topic: str, cluster: Cluster, timeout_s: float, on_change: Callable[[], None],
-                 file_keys: FileKeys | None = None) -> None:
+                 file_keys: FileKeys | None = None, write_deadline_s: float = WRITE_DEADLINE_S) -> None:
         self.topic = topic
         self._file_keys = file_keys
         self._cluster = cluster
         self._timeout_s = timeout_s
+        self.write_deadline_s = write_deadline_s
         self._on_change = on_change  # puts the merged quotas in force (the server's)
         self._overlay: dict[QuotaEntity, dict[str, float | None]] = {}
         self._applied_at: dict[QuotaEntity, int] = {}  # offset of the record in force, per entity
@@ -103,15 +116,17 @@ class TopicStore:
         self.last_errors: dict[str, str] = {}  # op -> its last failure, until it next succeeds
         self.loaded = asyncio.Event()
         self._created = False  # the topic is known to exist
+        self._seen = False  # Metadata showed it since it was created (until then, it may not have shown yet)
         self._topic_id: uuid.UUID | None = None  # the topic read (None: not known yet, or no ids)
         self._generation = 0  # bumped when the topic is lost: answers about the old one are dropped
         self._restoring: set[QuotaEntity] | None = None  # entities to write back to a recreated topic
         self.topic_lost = 0  # times the topic was found deleted or replaced
         self.topic_check_s = _TOPIC_CHECK_S
         self._writes = asyncio.Lock()
-        self._producer: OwnConnection | None = None
-        self._producer_state = (-1, -1, 0)  # producer id, epoch, next sequence
-        self._follower: asyncio.Task | None = None
+        self._producer = PartitionProducer(topic, cluster.dialer, timeout_s, self._leader, self._inspect)
+        self.write_retries = 0  # write attempts retried (Kafka's record-retry-total)
+        self._trouble: str | None = None  # why the write under way was retried, for write_trouble
+        self._follower: asyncio.Task[None] | None = None
         self._followed = 0  # changes the follower applied (put in force by on_change)
 
     # -- QuotaStore -----------------------------------------------------------------------
@@ -135,24 +150,28 @@ class TopicStore:
         return overlay_values(self._overlay.get(entity, {}), changes, file_keys_of(self._file_keys, entity))
 
     async def commit(self, changes: Sequence[QuotaChange]) -> None:
+        """QuotaStore.commit: written (retried as the module docstring says), then applied.
+        Cancelled (its caller's deadline), it changes nothing here and the write is counted
+        as failed, with :meth:`write_trouble` as its cause."""
         async with self._writes:
             followed, generation = self._followed, self._generation
             new = {entity: self._after(entity, mine) for entity, mine in by_entity(changes).items()}
             records = [quota_topic.encode(entity, values) for entity, values in new.items()]
-            if not self._created or self._restoring is not None:
+            if self._restoring is not None:
                 raise StoreUnavailable(self._being_recreated())
             try:
-                async with asyncio.timeout(2 * self._timeout_s):
-                    base_offset = await self._produce(records, check_topic=True)
-                if self._generation != generation:
-                    raise TopicLost(f"the topic {self.topic} was deleted during the write")
-            except (OSError, TimeoutError, asyncio.IncompleteReadError, ConnectionError, ValueError) as exc:
+                base_offset = await self._write(records, generation, check_topic=True)
+            except asyncio.CancelledError:
+                self._failed("write", StoreError(self.write_trouble() or "no answer before the caller's deadline"))
+                raise
+            except _FAILURES as exc:
                 if self._generation != generation:  # TopicLost, or a producer closed by the follower's
                     raise StoreUnavailable(self._being_recreated()) from exc
                 self._failed("write", exc)
-                self._close_producer()
-                raise StoreUnavailable(f"the quota topic {self.topic} could not be written "
-                                       f"({_text(exc)}); nothing changed, retry later") from exc
+                retriable = failure_kind(exc) != FATAL
+                raise StoreUnavailable(f"the quota topic {self.topic} could not be written ({_text(exc)}); "
+                                       f"nothing changed{', retry later' if retriable else ''}",
+                                       retriable=retriable) from exc
             self.last_errors.pop("write", None)
             for i, (entity, values) in enumerate(new.items()):
                 self._set(entity, values, base_offset + i)
@@ -160,9 +179,13 @@ class TopicStore:
                 # Another instance's change was put in force meanwhile, without these: both now.
                 self._on_change()
 
+    def write_trouble(self) -> str | None:
+        """QuotaStore.write_trouble: the last failure of the write under way, or, until it has
+        one, of the write before (given up), and how many attempts of that write failed; None
+        once a write succeeds."""
+        return self._trouble
+
     def _being_recreated(self) -> str:
-        if not self.topic_lost:
-            return f"the quota topic {self.topic} is being created; nothing changed, retry later"
         return (f"the quota topic {self.topic} was deleted; the proxy is recreating it and writing back the quotas "
                 "in force; nothing changed, retry later")
 
@@ -183,7 +206,7 @@ class TopicStore:
         if self._follower is not None:
             self._follower.cancel()
             await asyncio.gather(self._follower, return_exceptions=True)
-        self._close_producer()
+        self._producer.close()
 
     def state(self) -> tuple[bool, str]:
         """(loaded, a line for /healthz and /readyz)."""
@@ -205,7 +228,7 @@ class TopicStore:
     # -- reading --------------------------------------------------------------------------
 
     async def _follow(self) -> None:
-        backoff_s = 0.25
+        failures = 0  # in a row: Kafka's back-off between attempts
         while True:
             try:
                 if not self._created:
@@ -229,7 +252,7 @@ class TopicStore:
                             await self._fetch_once(conn, wait_ms, generation)
                         self.last_errors.pop("read", None)
                         self.last_errors.pop("create", None)
-                        backoff_s = 0.25
+                        failures = 0
                         if self.next_offset >= self.high_watermark:
                             if self._restoring is not None:
                                 await self._restore()
@@ -239,15 +262,15 @@ class TopicStore:
                                 self.loaded.set()
             except TopicLost:
                 await asyncio.sleep(0.1)  # recreated at once by the next round
-            except (OSError, TimeoutError, asyncio.IncompleteReadError, ConnectionError, ValueError) as exc:
+            except _FAILURES as exc:
                 self._failed("read" if self._created else "create", exc)
-                await asyncio.sleep(backoff_s)
-                backoff_s = min(backoff_s * 2, _MAX_BACKOFF_S)
+                await asyncio.sleep(KAFKA_BACKOFF.delay_s(failures, random.random()))
+                failures += 1
             except Exception as exc:  # a broker answer this code did not expect: never a dead follower
                 log.exception("quota topic %s: the follower failed", self.topic)
                 self._failed("read", exc)
-                await asyncio.sleep(backoff_s)
-                backoff_s = min(backoff_s * 2, _MAX_BACKOFF_S)
+                await asyncio.sleep(KAFKA_BACKOFF.delay_s(failures, random.random()))
+                failures += 1
 
     async def _end_offset(self, conn: OwnConnection) -> int:
         """The partition's end (ListOffsets, latest): what the first reads must reach."""
@@ -262,7 +285,7 @@ class TopicStore:
             for part in topic.partitions:
                 if part.partition_index == 0:
                     if part.error_code:
-                        raise _broker_error("ListOffsets", part.error_code)
+                        raise broker_error("ListOffsets", part.error_code)
                     return int(part.offset)
         raise StoreError("ListOffsets answered nothing for partition 0")
 
@@ -281,13 +304,13 @@ class TopicStore:
         if generation != self._generation:
             raise TopicLost(f"the topic {self.topic} was deleted")  # what was read is the old topic's
         if getattr(resp, "error_code", 0):
-            raise _broker_error("Fetch", resp.error_code)
+            raise broker_error("Fetch", resp.error_code)
         parts = [p for t in resp.responses for p in t.partitions if p.partition_index == 0]
         if not parts:
             return  # Tansu 0.6 answers no partition at all when it has nothing new
         part = parts[0]
         if part.error_code:
-            raise _broker_error("Fetch", part.error_code)
+            raise broker_error("Fetch", part.error_code)
         self.high_watermark = max(self.high_watermark, part.high_watermark)
         self._apply_records(bytes(part.records or b""))
 
@@ -334,59 +357,48 @@ class TopicStore:
 
     # -- writing --------------------------------------------------------------------------
 
-    async def _produce(self, records: list[tuple[bytes, bytes | None]], check_topic: bool = False) -> int:
-        """Writes ``records`` as one batch; the offset of the first. ``check_topic``: first ask
-        whether the topic still exists (a broker may acknowledge a write to a deleted topic)."""
-        conn = await self._producer_connection()
-        if check_topic:
-            self._inspect(await topic_metadata(conn, [self.topic], []))
-        producer_id, epoch, sequence = self._producer_state
-        builder = MemoryRecordsBuilder(2, 0, 1 << 30, producer_id=producer_id, producer_epoch=epoch,
-                                       base_sequence=sequence if producer_id >= 0 else -1)
-        now_ms = int(time.time() * 1000)
-        for key, value in records:
-            builder.append(timestamp=now_ms, key=key, value=value, headers=[])
-        builder.close()
-        version = min(conn.api_versions.get(ProduceRequest.API_KEY, (0, 0))[1], 9)
-        if version < 3:
-            raise StoreError(f"the broker offers no Produce version >= 3 ({version})")
-        T = ProduceRequest[version].TopicProduceData
-        data = T(name=self.topic, partition_data=[T.PartitionProduceData(index=0, records=bytes(builder.buffer()))])
-        resp = await conn.round_trip(ProduceRequest[version](transactional_id=None, acks=-1,
-                                                             timeout_ms=int(self._timeout_s * 1000),
-                                                             topic_data=[data]))
-        part = resp.responses[0].partition_responses[0]
-        if part.error_code:
-            raise _broker_error("Produce", part.error_code, part.error_message or "")
-        if producer_id >= 0:
-            self._producer_state = (producer_id, epoch, sequence + len(records))
-        return int(part.base_offset)
-
-    async def _producer_connection(self) -> OwnConnection:
-        if self._producer is not None:
-            return self._producer
-        conn = await self._cluster.dialer.open(await self._leader(), self._timeout_s)
+    async def _write(self, records: Records, generation: int, check_topic: bool = False) -> int:
+        """Writes ``records`` as one batch, retried (see the module docstring); the offset of
+        the first. Raises TopicLost if the topic is lost meanwhile, else the last failure (a
+        StoreError naming ``write_deadline_s`` when that passed)."""
+        loop = asyncio.get_running_loop()
+        retries = Retries(unreachable_s=2 * self._timeout_s)
+        deadline = asyncio.timeout(self.write_deadline_s)
         try:
-            lo, hi = conn.api_versions.get(InitProducerIdRequest.API_KEY, (-1, -1))
-            if hi >= 0:  # idempotent when the broker can (KIP-98), acks=all in any case
-                version = min(hi, 4)
-                init: Any = await conn.round_trip(InitProducerIdRequest[version](
-                    transactional_id=None, transaction_timeout_ms=60_000, producer_id=-1, producer_epoch=-1))
-                if init.error_code:
-                    raise _broker_error("InitProducerId", init.error_code)
-                self._producer_state = (init.producer_id, init.producer_epoch, 0)
-            else:
-                self._producer_state = (-1, -1, 0)
+            async with deadline:
+                while True:
+                    started_at = loop.time()
+                    try:
+                        async with asyncio.timeout(2 * self._timeout_s):
+                            base_offset = await self._attempt(records, check_topic)
+                        self._trouble = None
+                        return base_offset
+                    except TopicLost:
+                        raise
+                    except _FAILURES as exc:  # Kafka's Sender retries a batch until delivery.timeout.ms
+                        if self._generation != generation:
+                            raise TopicLost(f"the topic {self.topic} was deleted during the write") from exc
+                        self._producer.failed(exc)
+                        delay = retries.delay_at(loop.time(), failure_kind(exc), started_at)
+                        self._trouble = f"writing {self.topic}: {_text(exc)}; {retries.failures} attempts failed"
+                        if delay is None:
+                            raise
+                        self.write_retries += 1
+                        log.debug("quota topic %s: write retried in %.0f ms: %s", self.topic, delay * 1000, _text(exc))
+                        await asyncio.sleep(delay)
+        except TimeoutError as exc:
+            self._producer.forget()  # its batch may yet land: its sequence is never sent with other records
+            if not deadline.expired():
+                raise
+            raise StoreError(f"not written within {self.write_deadline_s:g} s: {self._trouble or 'no answer'}") from exc
         except BaseException:
-            conn.close()
+            self._producer.forget()
             raise
-        self._producer = conn
-        return conn
 
-    def _close_producer(self) -> None:
-        if self._producer is not None:
-            self._producer.close()
-            self._producer = None
+    async def _attempt(self, records: Records, check_topic: bool) -> int:
+        if not self._created:
+            await self._ensure_topic()  # a new cluster: the first Alter may come before the follower made it
+        return await self._producer.send(records, check_topic)
 
     # -- the topic ------------------------------------------------------------------------
 
@@ -413,14 +425,20 @@ class TopicStore:
             if topic.name != self.topic:
                 continue
             if topic.error_code == _UNKNOWN_TOPIC_OR_PARTITION:
-                self._lost("was deleted")
+                if self._seen:
+                    self._lost("was deleted")
+                # Just created: Kafka answers CreateTopics before every broker's MetadataCache has the
+                # topic. Created again, it answers TOPIC_ALREADY_EXISTS once the cluster knows it.
+                self._created = False
+                raise broker_error("Metadata", topic.error_code, f"{self.topic}, just created")
             if topic.error_code:
-                raise _broker_error("Metadata", topic.error_code, self.topic)
+                raise broker_error("Metadata", topic.error_code, self.topic)
             topic_id = getattr(topic, "topic_id", None)
             topic_id = topic_id if topic_id and topic_id.int else None  # before Metadata v10: no ids
             if self._topic_id is not None and topic_id is not None and topic_id != self._topic_id:
                 self._lost("was replaced by a new topic of the same name")
             self._topic_id = self._topic_id or topic_id
+            self._seen = True
             for p in topic.partitions:
                 if p.partition_index == 0 and p.leader_id in brokers:
                     return brokers[p.leader_id]
@@ -435,7 +453,8 @@ class TopicStore:
         self._restoring = set(self._overlay)
         self.next_offset, self.high_watermark = 0, 0
         self._applied_at.clear()
-        self._close_producer()  # its producer id and sequences belonged to the old partition
+        self._seen = False
+        self._producer.forget()  # its producer id and sequences belonged to the old partition
         log.warning("quota topic %s %s: the quotas in force stay; recreating it and writing back %d entities",
                     self.topic, what, len(self._restoring))
         raise TopicLost(f"the topic {self.topic} {what}")
@@ -445,8 +464,8 @@ class TopicStore:
         async with self._writes:
             entities = [e for e in sorted(self._restoring or (), key=quota_topic.entity_key) if e in self._overlay]
             if entities:
-                async with asyncio.timeout(2 * self._timeout_s):
-                    base_offset = await self._produce([quota_topic.encode(e, self._overlay[e]) for e in entities])
+                base_offset = await self._write([quota_topic.encode(e, self._overlay[e]) for e in entities],
+                                                self._generation)
                 for i, entity in enumerate(entities):
                     self._applied_at[entity] = base_offset + i
             self._restoring = None
@@ -457,14 +476,15 @@ class TopicStore:
         metadata = await self._metadata()
         known = [t for t in metadata.topics if t.name == self.topic]
         if known and known[0].error_code == 0:
-            self._created = True
+            self._created = self._seen = True
             return
         if known and known[0].error_code != _UNKNOWN_TOPIC_OR_PARTITION:
-            raise _broker_error("Metadata", known[0].error_code, self.topic)
+            raise broker_error("Metadata", known[0].error_code, self.topic)
         brokers = {b.node_id: (b.host, b.port) for b in metadata.brokers}
         target = brokers.get(metadata.controller_id) or next(iter(brokers.values()), None)
         if target is None:
             raise StoreError("no broker known to create the quota topic")
+        self._seen = False
         async with await self._cluster.dialer.open(target, self._timeout_s) as conn:
             version = min(conn.api_versions.get(CreateTopicsRequest.API_KEY, (0, 0))[1], 7)
             T = CreateTopicsRequest[version].CreatableTopic
@@ -476,7 +496,7 @@ class TopicStore:
                                                                       validate_only=False))
         code = resp.topics[0].error_code
         if code not in (0, _TOPIC_ALREADY_EXISTS):
-            raise _broker_error("CreateTopics", code, resp.topics[0].error_message or self.topic)
+            raise broker_error("CreateTopics", code, resp.topics[0].error_message or self.topic)
         if code == 0:
             log.info("created the quota topic %s (compacted, replication factor %d)", self.topic,
                      min(3, len(brokers)))
@@ -499,7 +519,7 @@ class QuotaStoreCollector:
     def __init__(self, store: TopicStore) -> None:
         self._store = store
 
-    def collect(self):
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         s = self._store
         yield GaugeMetricFamily("kqp_quota_store_last_applied_offset",
                                 "Offset of the last quota topic record read (-1: none)", value=s.last_applied_offset)
@@ -511,6 +531,8 @@ class QuotaStoreCollector:
         yield CounterMetricFamily("kqp_quota_store_topic_lost", "Times the quota topic was found deleted or "
                                   "replaced (then recreated, and the quotas in force written back)",
                                   value=s.topic_lost)
+        yield CounterMetricFamily("kqp_quota_store_write_retries", "Quota topic write attempts that failed and were "
+                                  "tried again (Kafka's record-retry-total)", value=s.write_retries)
         errors = CounterMetricFamily("kqp_quota_store_errors", "Quota topic operations that failed", labels=["op"])
         for op in ("create", "read", "write"):
             errors.add_metric([op], s.errors[op])

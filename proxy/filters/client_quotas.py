@@ -20,8 +20,18 @@ the client sent them):
 - A failure after validation changes nothing: a rate limiter refusing the new quotas answers
   the valid entries POLICY_VIOLATION; a store that cannot record them now (StoreUnavailable:
   the quota topic unreachable or refusing) REQUEST_TIMED_OUT, retriable, with the store's
-  reason as the message (what a KRaft controller answers when its write times out); any other
-  store failure UNKNOWN_SERVER_ERROR.
+  reason as the message (what a KRaft controller answers when its write times out), or
+  UNKNOWN_SERVER_ERROR with the reason when the store says retrying would not help (the
+  proxy's own principal not authorized, say); any other store failure UNKNOWN_SERVER_ERROR.
+- Every Alter has a deadline, ``quota_admin.write_deadline_ms`` from its arrival, inside the
+  30 s an admin client waits (``request.timeout.ms``), that covers its wait for the Alters
+  before it and its store's write (which retries what Kafka's producer retries). Once it
+  passes, the Alter is answered REQUEST_TIMED_OUT at once, naming what the store is retrying
+  (:meth:`proxy.quota_store.QuotaStore.write_trouble`), and changes nothing: a flood of Alters
+  while the store retries is answered within its deadline, never one deadline after another.
+  At most :attr:`ClientQuotasFilter.max_waiting_alters` Alters wait at once (each holds its
+  decoded entries, and an Alter outlives its connection): the next is answered at once, the
+  same way. Memory is bounded by that, time by the deadline.
 """
 
 from __future__ import annotations
@@ -70,6 +80,7 @@ _refusals = LogLimiter(log)  # a client can send refused requests at will
 DESCRIBE_CLIENT_QUOTAS = 48
 ALTER_CLIENT_QUOTAS = 49
 _KEYS = frozenset({DESCRIBE_CLIENT_QUOTAS, ALTER_CLIENT_QUOTAS})
+_MAX_WAITING_ALTERS = 64
 
 Ops = Sequence[tuple[str, float, bool]]
 
@@ -100,6 +111,8 @@ class ClientQuotasFilter:
             if admin.enabled else {}
         )
         self._alters = asyncio.Lock()
+        self.max_waiting_alters = _MAX_WAITING_ALTERS
+        self._waiting = 0  # Alters waiting for the lock
 
     def on_request(self, ctx: FilterContext, header: RequestHeader, frame: Frame,
                    entry: InFlight) -> Answer | Defer:
@@ -124,7 +137,8 @@ class ClientQuotasFilter:
         if req.validate_only:
             return Answer(_alter_response(header, self._alter(entries, validate_only=True)))
         # Nothing of ``frame`` is kept: the coroutine holds the decoded entries only.
-        return Defer(self._whole(ctx.label, principal, header, entries))
+        deadline_at = asyncio.get_running_loop().time() + self.admin.write_deadline_ms / 1000
+        return Defer(self._whole(ctx.label, principal, header, entries, deadline_at))
 
     def _in_force(self) -> dict[QuotaEntity, dict[str, float]]:
         return self.store.merged(self.host.config.quotas)
@@ -133,27 +147,56 @@ class ClientQuotasFilter:
         return alter(self._in_force(), entries, validate_only, unenforced_kinds(self.host.config.rate_limiters))
 
     async def _whole(self, client: str, principal: str, header: RequestHeader,
-                     entries: Sequence[tuple[EntityParts, Ops]]) -> Answer:
+                     entries: Sequence[tuple[EntityParts, Ops]], deadline_at: float) -> Answer:
         # A connection that closes cancels its deferred decision: an Alter, once started, is
         # carried out whole all the same (in force, recorded, audited), as Kafka's controller
         # completes a write whose client went away; only the answer is lost.
-        return await asyncio.shield(self._commit(client, principal, header, entries))
+        return await asyncio.shield(self._commit(client, principal, header, entries, deadline_at))
 
     async def _commit(self, client: str, principal: str, header: RequestHeader,
-                      entries: Sequence[tuple[EntityParts, Ops]]) -> Answer:
-        async with self._alters:  # each Alter sees the quotas the one before left
+                      entries: Sequence[tuple[EntityParts, Ops]], deadline_at: float) -> Answer:
+        if self._waiting >= self.max_waiting_alters:
+            return self._not_now(client, header, entries, f"{self._waiting} quota changes are already waiting for "
+                                 f"the quota store ({self._trouble()}); nothing changed, retry later")
+        self._waiting += 1
+        try:
+            async with asyncio.timeout_at(deadline_at):
+                await self._alters.acquire()  # each Alter sees the quotas the one before left
+        except TimeoutError:
+            return self._not_now(client, header, entries, f"not recorded within {self._deadline_s():g} s: an earlier "
+                                 f"quota change is still being written ({self._trouble()}); nothing changed, "
+                                 "retry later")
+        finally:
+            self._waiting -= 1
+        try:
             result = self._alter(entries, validate_only=False)
             if result.changes:
-                result = await self._put_in_force(result)
+                result = await self._put_in_force(result, deadline_at)
             for change in result.changes:
                 audit.info("quota change by principal=%s client=%s: %s", _safe(principal), client,
                            describe_change(change))
+        finally:
+            self._alters.release()
         return Answer(_alter_response(header, result))
 
-    async def _put_in_force(self, result: AlterResult) -> AlterResult:
-        """In force first (a rate limiter may refuse), then recorded (the store may fail, and the
-        quotas without the changes are put back): either way, on failure nothing changes. The
-        result to answer."""
+    def _not_now(self, client: str, header: RequestHeader, entries: Sequence[tuple[EntityParts, Ops]],
+                 message: str) -> Answer:
+        """The answer to an Alter not carried out for want of time: each valid entry
+        REQUEST_TIMED_OUT with ``message``, an invalid one its own error. Nothing changes."""
+        _refusals.log(logging.WARNING, "AlterClientQuotas from %s not carried out: %s", client, message)
+        result = _failed(self._alter(entries, validate_only=True), REQUEST_TIMED_OUT, message)
+        return Answer(_alter_response(header, result))
+
+    def _trouble(self) -> str:
+        return self.store.write_trouble() or "no answer from the store yet"
+
+    def _deadline_s(self) -> float:
+        return self.admin.write_deadline_ms / 1000
+
+    async def _put_in_force(self, result: AlterResult, deadline_at: float) -> AlterResult:
+        """In force first (a rate limiter may refuse), then recorded by ``deadline_at`` (the
+        store may fail, and the quotas without the changes are put back): either way, on
+        failure nothing changes. The result to answer."""
         base = self.host.config.quotas
         try:
             self.host.apply_quota_rules(rules_from_quotas(result.new_quotas))
@@ -161,11 +204,17 @@ class ClientQuotasFilter:
             log.error("AlterClientQuotas not applied, the quotas before stay in force: %s", exc)
             return _failed(result, POLICY_VIOLATION, f"A rate limiter refused the new quotas: {exc}")
         try:
-            await self.store.commit(result.changes)
+            async with asyncio.timeout_at(deadline_at):
+                await self.store.commit(result.changes)
         except StoreUnavailable as exc:
             log.error("AlterClientQuotas not recorded, the quotas before are put back in force: %s", exc)
             self._resync()
-            return _failed(result, REQUEST_TIMED_OUT, str(exc))
+            return _failed(result, REQUEST_TIMED_OUT if exc.retriable else UNKNOWN_SERVER_ERROR, str(exc))
+        except TimeoutError:
+            message = f"not recorded within {self._deadline_s():g} s ({self._trouble()}); nothing changed, retry later"
+            log.error("AlterClientQuotas not recorded, the quotas before are put back in force: %s", message)
+            self._resync()
+            return _failed(result, REQUEST_TIMED_OUT, message)
         except Exception as exc:
             log.error("AlterClientQuotas not recorded, the quotas before are put back in force: %r", exc)
             self._resync()

@@ -95,6 +95,12 @@ class Script:
     coordinators: dict[str, int] = field(default_factory=dict)  # key -> node id (default controller)
     coordinator_errors: dict[str, int] = field(default_factory=dict)  # key -> error code
     produce_errors: dict[tuple[str, int], int] = field(default_factory=dict)
+    # api key -> error codes answered to that API's next requests, one per request, in order (then
+    # the usual answers): InitProducerId and FindCoordinator answer it whole; Produce, Fetch and
+    # ListOffsets for every partition, CreateTopics for every topic (none created), Metadata for
+    # every topic a request names (one naming none takes none). For an error that never stops,
+    # a long list. Real brokers answer these while a new cluster starts, which Tansu never does.
+    next_errors: dict[int, list[int]] = field(default_factory=dict)
     fetch_errors: dict[tuple[str, int], int] = field(default_factory=dict)
     leader_hints: bool = True  # KIP-951 CurrentLeader + NodeEndpoints on Produce v10+ / Fetch v16+
     throttle_time_ms: dict[int, int] = field(default_factory=dict)  # api key -> the broker's own throttle

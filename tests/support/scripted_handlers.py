@@ -26,10 +26,17 @@ UNKNOWN_TOPIC_OR_PARTITION = 3
 NOT_LEADER_OR_FOLLOWER = 6
 UNSUPPORTED_VERSION = 35
 TOPIC_ALREADY_EXISTS = 36
+INVALID_REPLICATION_FACTOR = 38
 FENCED_LEADER_EPOCH = 74
 UNKNOWN_TOPIC_ID = 100
 _ZERO_UUID = uuid.UUID(int=0)
 _LEADER_MOVED = (NOT_LEADER_OR_FOLLOWER, FENCED_LEADER_EPOCH)
+
+
+def next_error(broker: ScriptedBroker, api_key: int) -> int:
+    """The error the script has for this request of ``api_key`` (Script.next_errors), or 0."""
+    codes = broker.cluster.script.next_errors.get(api_key)
+    return codes.pop(0) if codes else 0
 
 
 def default_api_versions() -> dict[int, tuple[int, int]]:
@@ -53,6 +60,7 @@ def _metadata(broker: ScriptedBroker, req: ReceivedRequest):
     R = MetadataResponse
     T = R.MetadataResponseTopic
     wanted = req.body.topics
+    scripted = 0
     if wanted is None or (v == 0 and not wanted):
         selected = [(t.name, t) for t in cluster.topics.values()]
     else:
@@ -60,8 +68,13 @@ def _metadata(broker: ScriptedBroker, req: ReceivedRequest):
         for w in wanted:
             t = cluster.topics.get(w.name) if w.name is not None else cluster.topic_by_id(w.topic_id)
             selected.append((w.name, t))
+        scripted = next_error(broker, ApiKey.METADATA) if wanted else 0
     topics = []
     for name, t in selected:
+        if scripted:
+            topics.append(T(error_code=scripted, name=name, topic_id=_ZERO_UUID, is_internal=False, partitions=[],
+                            authorized_operations=None))
+            continue
         if t is None:
             code = UNKNOWN_TOPIC_OR_PARTITION if name is not None else UNKNOWN_TOPIC_ID
             topics.append(T(error_code=code, name=name, topic_id=_ZERO_UUID, is_internal=False, partitions=[],
@@ -90,9 +103,16 @@ def _coordinator(broker: ScriptedBroker, key: str) -> dict:
 
 def _find_coordinator(broker: ScriptedBroker, req: ReceivedRequest):
     R = FindCoordinatorResponse
+    scripted = next_error(broker, ApiKey.FIND_COORDINATOR)
+
+    def coordinator(key: str) -> dict:
+        if scripted:
+            return {"error_code": scripted, "error_message": "scripted error", "node_id": -1, "host": "", "port": -1}
+        return _coordinator(broker, key)
+
     if req.api_version < 4:
-        return R[req.api_version](throttle_time_ms=0, **_coordinator(broker, req.body.key))
-    coordinators = [R.Coordinator(key=k, **_coordinator(broker, k)) for k in req.body.coordinator_keys]
+        return R[req.api_version](throttle_time_ms=0, **coordinator(req.body.key))
+    coordinators = [R.Coordinator(key=k, **coordinator(k)) for k in req.body.coordinator_keys]
     return R[req.api_version](throttle_time_ms=0, coordinators=coordinators)
 
 
@@ -107,12 +127,12 @@ def _describe_cluster(broker: ScriptedBroker, req: ReceivedRequest):
 
 
 def _partition_error(
-    broker: ScriptedBroker, topic: Topic | None, index: int, scripted: dict
+    broker: ScriptedBroker, topic: Topic | None, index: int, scripted: dict, once: int = 0
 ) -> tuple[int, Partition | None]:
     if topic is None or not 0 <= index < len(topic.partitions):
-        return UNKNOWN_TOPIC_OR_PARTITION, None
+        return once or UNKNOWN_TOPIC_OR_PARTITION, None
     p = topic.partitions[index]
-    error = scripted.get((topic.name, index))
+    error = once or scripted.get((topic.name, index))
     if error is None:
         error = 0 if p.leader == broker.node_id else NOT_LEADER_OR_FOLLOWER
     return error, p
@@ -123,12 +143,13 @@ def _produce(broker: ScriptedBroker, req: ReceivedRequest):
     R = ProduceResponse
     P = R.TopicProduceResponse.PartitionProduceResponse
     hints = cluster.script.leader_hints and v >= 10
+    once = next_error(broker, ApiKey.PRODUCE)
     leaders, topics = [], []
     for td in req.body.topic_data:
         topic = cluster.topics.get(td.name) if v < 13 else cluster.topic_by_id(td.topic_id)
         parts = []
         for pd in td.partition_data:
-            error, p = _partition_error(broker, topic, pd.index, cluster.script.produce_errors)
+            error, p = _partition_error(broker, topic, pd.index, cluster.script.produce_errors, once)
             base = cluster.append(p, pd.records) if error == 0 else -1
             leader = None
             if hints and error in _LEADER_MOVED and p is not None:
@@ -143,10 +164,10 @@ def _produce(broker: ScriptedBroker, req: ReceivedRequest):
                 node_endpoints=cluster.leader_endpoints(R, leaders) if hints else [])
 
 
-def _fetch_partition(broker, topic, fp, v, leaders):
+def _fetch_partition(broker, topic, fp, v, leaders, once=0):
     cluster = broker.cluster
     P = FetchResponse.FetchableTopicResponse.PartitionData
-    error, p = _partition_error(broker, topic, fp.partition, cluster.script.fetch_errors)
+    error, p = _partition_error(broker, topic, fp.partition, cluster.script.fetch_errors, once)
     if error == 0 and fp.fetch_offset > p.next_offset:
         error = OFFSET_OUT_OF_RANGE
     records, leader = b"", None
@@ -171,11 +192,12 @@ async def _fetch(broker: ScriptedBroker, req: ReceivedRequest):
     cluster, v = broker.cluster, req.api_version
     R = FetchResponse
     wait_s = min(req.body.max_wait_ms, cluster.script.fetch_wait_cap_ms) / 1000
+    once = next_error(broker, ApiKey.FETCH)
     while True:
         leaders, topics, anything = [], [], False
         for ft in req.body.topics:
             topic = cluster.topics.get(ft.topic) if v < 13 else cluster.topic_by_id(ft.topic_id)
-            parts = [_fetch_partition(broker, topic, fp, v, leaders) for fp in ft.partitions]
+            parts = [_fetch_partition(broker, topic, fp, v, leaders, once) for fp in ft.partitions]
             anything = anything or any(p.records or p.error_code for p in parts)
             topics.append(R.FetchableTopicResponse(topic=ft.topic, topic_id=ft.topic_id, partitions=parts))
         if anything or wait_s <= 0:
@@ -189,7 +211,12 @@ async def _fetch(broker: ScriptedBroker, req: ReceivedRequest):
 
 
 def _init_producer_id(broker: ScriptedBroker, req: ReceivedRequest):
-    """A fresh producer id per request (KIP-936's rogue producers get one each time)."""
+    """A fresh producer id per request (KIP-936's rogue producers get one each time), unless
+    the script has an error for it (no id then)."""
+    scripted = next_error(broker, INIT_PRODUCER_ID)
+    if scripted:
+        return InitProducerIdResponse[req.api_version](throttle_time_ms=0, error_code=scripted, producer_id=-1,
+                                                       producer_epoch=-1)
     return InitProducerIdResponse[req.api_version](throttle_time_ms=0, error_code=0,
                                                    producer_id=next(broker.cluster._producer_ids), producer_epoch=0)
 
@@ -197,11 +224,12 @@ def _init_producer_id(broker: ScriptedBroker, req: ReceivedRequest):
 def _list_offsets(broker: ScriptedBroker, req: ReceivedRequest):
     R = ListOffsetsResponse
     T = R.ListOffsetsTopicResponse
+    once = next_error(broker, LIST_OFFSETS)
     topics = []
     for lt in req.body.topics:
         parts = []
         for lp in lt.partitions:
-            error, p = _partition_error(broker, broker.cluster.topics.get(lt.name), lp.partition_index, {})
+            error, p = _partition_error(broker, broker.cluster.topics.get(lt.name), lp.partition_index, {}, once)
             offset = -1
             if error == 0:
                 offset = 0 if lp.timestamp == -2 else p.next_offset  # -2 earliest, else latest
@@ -215,19 +243,24 @@ def _list_offsets(broker: ScriptedBroker, req: ReceivedRequest):
 def _create_topics(broker: ScriptedBroker, req: ReceivedRequest):
     cluster = broker.cluster
     R = CreateTopicsResponse
+    once = next_error(broker, ApiKey.CREATE_TOPICS)
     results = []
     for ct in req.body.topics:
         count = ct.num_partitions
         if count == -1:
             count = len(ct.assignments) or cluster.script.default_partitions
-        error, topic_id = TOPIC_ALREADY_EXISTS, _ZERO_UUID
-        if ct.name not in cluster.topics:
+        error, topic_id = once or TOPIC_ALREADY_EXISTS, _ZERO_UUID
+        placeable = bool(ct.assignments) or ct.replication_factor <= len(cluster.brokers)
+        if ct.name not in cluster.topics and not once and not placeable:
+            error = INVALID_REPLICATION_FACTOR  # as Kafka's replica placer answers (Tansu creates it)
+        elif ct.name not in cluster.topics and not once:
             error = 0
             if not req.body.validate_only:
                 leaders = [a.broker_ids[0] for a in ct.assignments] or None
                 topic_id = cluster.add_topic(ct.name, count, leaders).topic_id
         results.append(R.CreatableTopicResult(name=ct.name, topic_id=topic_id, error_code=error,
-                                              error_message=None if error == 0 else "scripted: exists",
+                                              error_message=None if error == 0 else (
+                                                  "scripted error" if once else f"scripted: error {error}"),
                                               num_partitions=count if error == 0 else -1,
                                               replication_factor=1 if error == 0 else -1, configs=[]))
     return R[req.api_version](throttle_time_ms=0, topics=results)
