@@ -10,7 +10,9 @@ Guarantees:
 - a reload that fails (a file missing or not PEM, a key that is not the certificate's) is logged
   at ERROR naming the file and its YAML path, counted in
   ``kqp_certificate_reloads_total{outcome="failure"}``, and the certificates in force stay; the
-  same files are not read again until they change again (or SIGHUP asks).
+  same files are not read again until they change again (or SIGHUP asks);
+- a reload that changes the upstream client certificate or CA logs the proxy's new upstream
+  identity once (proxy.upstream_identity); one that changes neither does not.
 """
 
 from __future__ import annotations
@@ -94,10 +96,12 @@ class CertificateReloader:
             return False
         if new_server is not None:
             self.server.tls = new_server
-        if new_client is not None:
-            self.server.cluster.dialer.tls = new_client
         self.server.stats.certificate_reloads["success"] += 1
         log.info("certificates reloaded (%s): new connections use them, open ones keep theirs", why)
+        if new_client is not None:
+            # After the line above (no await between: no connection sees one context without the
+            # other), so that a changed upstream identity is logged after what changed it.
+            self.server.cluster.dialer.set_tls(new_client)
         return True
 
 

@@ -13,8 +13,11 @@ Guarantees:
 - a failed TLS handshake or a refused authentication raises a ConnectionError (as an unreachable
   broker does: every caller already retries those), is counted in
   ``kqp_upstream_authentication_failures_total{kind,reason}`` and logged at most once a minute
-  per kind; secrets are read at each connection (a rotated password or token is picked up) and
-  never logged.
+  per kind, naming the mechanism and the user or principal; secrets are read at each connection
+  (a rotated password or token is picked up) and never logged;
+- how the proxy authenticates to the brokers and what it trusts is logged at INFO by
+  :meth:`BrokerDialer.announce_identity`, and again whenever new credentials or reloaded
+  certificates change it (proxy.upstream_identity), never once per connection.
 """
 
 from __future__ import annotations
@@ -28,14 +31,15 @@ from typing import Any
 from kafka.protocol.metadata import ApiVersionsRequest
 
 from config import ConfigError
-from config.model import UpstreamConfig
+from config.model import UpstreamConfig, UpstreamSaslConfig
 from protocol.headers import response_body_offset
 from protocol.messages import decode_response
 
 from .logs import LogLimiter
-from .sasl_client import SaslAuthenticationError, authenticate, credentials
+from .sasl_client import SaslAuthenticationError, SaslCredentials, SaslRefused, authenticate, credentials
 from .stats import ProxyStats
 from .tls import client_tls
+from .upstream_identity import IdentityLog, sasl_principal
 
 log = logging.getLogger(__name__)
 
@@ -82,10 +86,22 @@ class BrokerDialer:
         # ConfigError (naming the YAML path) for a file that is missing or broken.
         self.tls: ssl.SSLContext | None = client_tls(upstream.tls) if upstream.tls is not None else None
         self.sasl = upstream.sasl
-        if self.sasl is not None:
-            credentials(self.sasl)  # a secret that cannot be read stops a start, as a bad file does
+        # A secret that cannot be read stops a start, as a bad file does.
+        creds = credentials(self.sasl) if self.sasl is not None else None
+        self.identity = IdentityLog(upstream, creds)
         self._stats = stats
         self._logs: dict[str, LogLimiter] = {}
+
+    def announce_identity(self) -> str:
+        """Logs at INFO, and returns, how the proxy authenticates to the brokers and what it
+        trusts (proxy.upstream_identity); later calls log only a changed identity."""
+        return self.identity.announce()
+
+    def set_tls(self, tls: ssl.SSLContext) -> None:
+        """Connections opened from now on use ``tls`` (certificates reloaded); the identity line
+        is logged again if the upstream certificate or CA it describes changed."""
+        self.tls = tls
+        self.identity.tls_reloaded()
 
     def server_hostname(self, host: str) -> str | None:
         """What the TLS handshake to ``host`` checks the certificate against (None: no TLS)."""
@@ -110,14 +126,22 @@ class BrokerDialer:
                     raise self.failed("tls", address, exc) from exc
                 conn.api_versions = {e.api_key: (e.min_version, e.max_version) for e in versions.api_keys}
                 if self.sasl is not None:
-                    try:
-                        await authenticate(conn.round_trip, conn.api_versions, credentials(self.sasl))
-                    except (SaslAuthenticationError, ConfigError) as exc:
-                        raise self.failed("sasl", address, exc) from exc
+                    await self._authenticate(conn, address, self.sasl)
             except BaseException:
                 conn.close()
                 raise
         return conn
+
+    async def _authenticate(self, conn: OwnConnection, address: tuple[str, int], sasl: UpstreamSaslConfig) -> None:
+        try:
+            creds = credentials(sasl)
+        except ConfigError as exc:
+            raise self.failed("sasl", address, exc) from exc
+        self.identity.credentials_read(creds)  # logs only a change, not each connection
+        try:
+            await authenticate(conn.round_trip, conn.api_versions, creds)
+        except SaslAuthenticationError as exc:
+            raise self.failed("sasl", address, exc, creds) from exc
 
     def log_failure(self, kind: str, level: int, msg: str, *args: object) -> None:
         """Logs a failure of the proxy's own broker connections at most once a minute per
@@ -128,16 +152,38 @@ class BrokerDialer:
             limiter = self._logs[kind] = LogLimiter(log, lines=1, interval_s=60.0)
         limiter.log(level, msg, *args)
 
-    def failed(self, kind: str, address: tuple[str, int], exc: Exception) -> ConnectionError:
+    def failed(self, kind: str, address: tuple[str, int], exc: Exception,
+               creds: SaslCredentials | None = None) -> ConnectionError:
         """Counts and logs (once a minute per kind) a TLS handshake or a SASL authentication the
-        broker at ``address`` refused; returns the error for the caller to raise."""
+        broker at ``address`` refused, a SASL one naming the mechanism and who (from ``creds``,
+        the credentials tried); returns the error for the caller to raise."""
         reason = _reason(kind, exc)
         self._stats.upstream_auth_failures[(kind, reason)] += 1
-        what = "TLS handshake with" if kind == "tls" else f"SASL {self.sasl.mechanism if self.sasl else ''} " \
-                                                            "authentication to"
-        self.log_failure(kind, logging.ERROR, "%s broker %s:%d failed (%s): %s; retried with back-off", what,
-                         *address, reason, exc)
-        return ConnectionError(f"{what} {address[0]}:{address[1]} failed: {exc}")
+        host, port = address
+        if kind == "tls":
+            self.log_failure(kind, logging.ERROR, "TLS handshake with broker %s:%d failed (%s): %s; retried with "
+                             "back-off", host, port, reason, exc)
+            return ConnectionError(f"TLS handshake with {host}:{port} failed: {exc}")
+        text = _sasl_failure(self.sasl, address, exc, creds)
+        self.log_failure(kind, logging.ERROR, "%s; retried with back-off", text)
+        return ConnectionError(text)
+
+
+def _sasl_failure(sasl: UpstreamSaslConfig | None, address: tuple[str, int], exc: Exception,
+                  creds: SaslCredentials | None) -> str:
+    """What went wrong with a SASL authentication, e.g. "SASL/SCRAM-SHA-512 authentication as
+    user kqp refused by broker b1:9093: SASL_AUTHENTICATION_FAILED (58): ..."; no secret."""
+    mechanism = sasl.mechanism if sasl is not None else "?"
+    username = sasl.username if sasl is not None else None
+    broker = f"broker {address[0]}:{address[1]}"
+    if creds is None:  # never read; the ConfigError names the YAML path and the file or variable
+        user = f" of user {username}" if username else ""
+        return f"SASL/{mechanism} credentials{user} for {broker} cannot be read (credentials_unreadable): {exc}"
+    token = creds.secret if mechanism == "OAUTHBEARER" else None
+    who = sasl_principal(mechanism, username, token)
+    if isinstance(exc, SaslRefused):
+        return f"SASL/{mechanism} authentication {who} refused by {broker}: {exc.broker_message}"
+    return f"SASL/{mechanism} authentication {who} with {broker} failed: {exc}"
 
 
 def _reason(kind: str, exc: Exception) -> str:

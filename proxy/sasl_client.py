@@ -4,7 +4,8 @@ Guarantees: :func:`authenticate` returns only once the broker accepted the crede
 SCRAM, also once the broker proved it knows them: its server signature is verified); anything
 else, a broker error, a mechanism the broker does not enable, a malformed or dishonest server
 message, raises :class:`SaslAuthenticationError` (a ConnectionError, so callers that handle
-lost connections handle it too). No message, repr or exception text ever contains the password
+lost connections handle it too); a refusal the broker answered is its subclass
+:class:`SaslRefused`, carrying the broker's words. No message, repr or exception text ever contains the password
 or the token. The mechanism code (PLAIN, SCRAM-SHA-256/512, OAUTHBEARER) does no I/O; the
 exchange goes through the caller's ``round_trip``, so it works over any transport.
 """
@@ -60,6 +61,15 @@ _SERVER_FINAL = re.compile(r"e=(?P<error>[^,]+)|v=(?P<signature>[A-Za-z0-9+/]+={
 
 class SaslAuthenticationError(ConnectionError):
     """The broker refused the proxy's credentials, or the exchange could not be completed."""
+
+
+class SaslRefused(SaslAuthenticationError):
+    """The broker answered the exchange with a refusal (an error code, an error challenge, a
+    SCRAM ``e=``); ``broker_message`` is what it said (never a secret: the broker's own words)."""
+
+    def __init__(self, message: str, broker_message: str) -> None:
+        super().__init__(message)
+        self.broker_message = broker_message
 
 
 @dataclass(frozen=True)
@@ -183,7 +193,8 @@ class ScramClient:
         if m is None:
             raise SaslAuthenticationError(f"{self.mechanism}: malformed server-final message")
         if m["error"] is not None:
-            raise SaslAuthenticationError(f"{self.mechanism} authentication failed with error: {m['error']}")
+            raise SaslRefused(f"{self.mechanism} authentication failed with error: {m['error']}",
+                              f"server-final error {m['error']}")
         try:
             signature = base64.b64decode(m["signature"], validate=True)
         except binascii.Error:
@@ -221,16 +232,15 @@ async def authenticate(round_trip: RoundTrip, api_versions: dict[int, tuple[int,
     if handshake.error_code != 0 or mechanism not in offered:
         # Kafka's SaslClientAuthenticator words it so for UNSUPPORTED_SASL_MECHANISM.
         error = f" ({_error_name(handshake.error_code)})" if handshake.error_code else ""
-        raise SaslAuthenticationError(
-            f"SASL mechanism {mechanism} not enabled in the broker{error}; "
-            f"enabled mechanisms are {', '.join(offered) or 'none'}"
-        )
+        enabled = f"enabled mechanisms are {', '.join(offered) or 'none'}"
+        raise SaslRefused(f"SASL mechanism {mechanism} not enabled in the broker{error}; {enabled}",
+                          f"mechanism not enabled{error}; {enabled}")
 
     async def step(token: bytes) -> bytes:
         resp = await round_trip(SaslAuthenticateRequest[version](auth_bytes=token))
         if resp.error_code != 0:
-            detail = f": {resp.error_message}" if resp.error_message else ""
-            raise SaslAuthenticationError(f"{mechanism} authentication failed: {_error_name(resp.error_code)}{detail}")
+            said = _error_name(resp.error_code) + (f": {resp.error_message}" if resp.error_message else "")
+            raise SaslRefused(f"{mechanism} authentication failed: {said}", said)
         # session_lifetime_ms (v1+, KIP-368) is ignored: the proxy's connections are short-lived.
         return bytes(resp.auth_bytes or b"")
 
@@ -244,9 +254,9 @@ async def authenticate(round_trip: RoundTrip, api_versions: dict[int, tuple[int,
             detail = challenge.decode(errors="replace")
             try:
                 await step(b"\x01")
-            except SaslAuthenticationError as exc:
-                raise SaslAuthenticationError(f"{exc} ({detail})") from None
-            raise SaslAuthenticationError(f"OAUTHBEARER token rejected: {detail}")
+            except SaslRefused as exc:
+                raise SaslRefused(f"{exc} ({detail})", f"{exc.broker_message} ({detail})") from None
+            raise SaslRefused(f"OAUTHBEARER token rejected: {detail}", f"token rejected: {detail}")
     elif mechanism in _HASHES:
         scram = ScramClient(mechanism, creds.username or "", creds.secret)
         server_first = await step(scram.client_first())

@@ -6,7 +6,9 @@
   own and still works; counted in ``kqp_certificate_reloads_total{outcome="success"}``;
 - a broken replacement (not PEM, a key that is not the certificate's) is logged at ERROR naming
   the file, counted as a failure, and the certificate in force stays; a fix is then taken;
-- SIGHUP reloads at once, whatever the debounce.
+- SIGHUP reloads at once, whatever the debounce;
+- a rotated upstream client certificate (mTLS to a broker that requires one) is taken and the
+  proxy's new upstream identity, its CN, is logged once.
 
 The certificate a connection got is compared as DER (``getpeercert(binary_form=True)``).
 """
@@ -25,6 +27,7 @@ import trustme
 
 from tests.support.certs import TestPki, chain_pem, leaf_der, replace_file
 from tests.support.polling import wait_for
+from tests.support.tls_broker import TlsTansu
 from tests.support.wire import api_versions_round_trip
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -158,3 +161,34 @@ def test_sighup_reloads_at_once_whatever_the_debounce(tansu, proxy, pki, tmp_pat
     assert _reloads(p) == {"success": 1, "failure": 0}
     assert "certificates reloaded (SIGHUP)" in p.log_text()
     assert _error_lines(p) == []
+
+
+def _identity_lines(p) -> list[str]:
+    return [line for line in p.log_text().splitlines() if "upstream identity" in line]
+
+
+def test_a_rotated_upstream_client_certificate_logs_the_new_identity_once(proxy, pki, tmp_path):
+    live = LiveFiles(tmp_path / "upstream")
+    live.install(pki.ca.issue_cert("kqp-gen-1.clients.test", common_name="kqp-gen-1"))
+    with TlsTansu(pki.server, verify_client_ca=pki.ca_file, probe_client=pki.client("probe", "probe")) as broker:
+        p = proxy([broker.bootstrap], extra_config={
+            "upstream": {"connect_timeout_s": 3, "tls": {"ca": pki.ca_file, "certificate": str(live.cert),
+                                                         "key": str(live.key)}},
+            "reload": {"debounce_ms": 100},
+        })
+        [line] = _identity_lines(p)
+        assert "level=INFO" in line and "upstream identity: client certificate CN=kqp-gen-1," in line, line
+        assert f"upstream.tls.ca {pki.ca_file} (CA " in line, line
+
+        live.install(pki.ca.issue_cert("kqp-gen-2.clients.test", common_name="kqp-gen-2"))
+        wait_for(lambda: _reloads(p)["success"] == 1, 5, "the upstream certificate to be reloaded")
+        # The broker takes the new certificate: a client is still served through the proxy.
+        with socket.create_connection(p.address, timeout=5) as s:
+            assert api_versions_round_trip(s, 3) == 3
+        time.sleep(1.3)  # another poll of the files: nothing new to say
+        lines = _identity_lines(p)
+        assert len(lines) == 2, lines
+        assert "upstream identity changed (upstream TLS files reloaded): client certificate CN=kqp-gen-2," in lines[1]
+        assert "CN=kqp-gen-1," not in lines[1]
+        assert _reloads(p) == {"success": 1, "failure": 0}
+        assert _error_lines(p) == []

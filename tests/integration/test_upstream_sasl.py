@@ -55,7 +55,9 @@ def _unsecured_jwt(sub: str) -> str:
 
 
 SERVICE_TOKEN = _unsecured_jwt(SERVICE_USER)
-TOKENS = {SERVICE_TOKEN: SERVICE_USER}  # the tokens the broker accepts, to their principal
+OTHER_USER = "svc-proxy-2"
+OTHER_TOKEN = _unsecured_jwt(OTHER_USER)  # the proxy's token once rotated to another principal
+TOKENS = {SERVICE_TOKEN: SERVICE_USER, OTHER_TOKEN: OTHER_USER}  # the tokens the broker accepts, to their principal
 
 _CLOSE = b""  # StrictSasl's answer meaning: close the connection, as Kafka does
 
@@ -223,7 +225,18 @@ def test_the_proxy_authenticates_its_own_connections(broker, proxy, mechanism, s
     assert p.metric_sum("kqp_upstream_authentication_failures_total") == 0
     assert broker.proxy_logins() == [(mechanism, SERVICE_USER)]
     assert not any(r.refused for r in broker.records)
+    # Said once at start: who the broker sees the proxy as, and over what.
+    who = f"as principal {SERVICE_USER} (the token's sub claim)" if mechanism == "OAUTHBEARER" else \
+        f"as user {SERVICE_USER}"
+    assert _identity_lines(p) == [f"upstream identity: SASL/{mechanism} {who} on the proxy's own connections; "
+                                  "plaintext (no TLS)"]
     _assert_no_secret_logged(p)
+
+
+def _identity_lines(p) -> list[str]:
+    """The messages of the proxy's lines about its upstream identity or credentials."""
+    return [m[1] for line in p.log_text().splitlines()
+            if "logger=proxy.upstream_identity" in line and (m := re.search(r'msg="(.*)"$', line))]
 
 
 def _failures(p) -> float:
@@ -250,9 +263,13 @@ def test_a_refused_password_is_retried_logged_once_and_clients_still_pass_their_
     assert len(own) >= 3 and all(r.user is None and not r.refused for r in own), own
 
     log = p.log_text()
-    lines = [line for line in log.splitlines() if "SASL PLAIN authentication to broker" in line]
+    lines = [line for line in log.splitlines() if "SASL/PLAIN authentication as user" in line and "ERROR" in line]
     assert len(lines) == 1, "\n".join(lines)  # at most once a minute
-    assert f"127.0.0.1:{broker.port}" in lines[0] and "refused" in lines[0] and "retried with back-off" in lines[0]
+    assert (f"SASL/PLAIN authentication as user {SERVICE_USER} refused by broker 127.0.0.1:{broker.port}: "
+            "SASL_AUTHENTICATION_FAILED (58): Authentication failed; retried with back-off") in lines[0], lines[0]
+    # The identity was said once at start, and not at each refused retry.
+    assert _identity_lines(p) == [f"upstream identity: SASL/PLAIN as user {SERVICE_USER} on the proxy's own "
+                                  "connections; plaintext (no TLS)"]
 
     # A client's own SASL still passes through to the broker, which serves it as alice.
     admin = AdminClient({
@@ -269,7 +286,9 @@ def test_a_refused_password_is_retried_logged_once_and_clients_still_pass_their_
     # The refusals go on (the next retry is due 5 s after the start), still logged once.
     count = _failures(p)
     _wait("one more refused login", lambda: _failures(p) > count, log=p.log_text)
-    assert sum("SASL PLAIN authentication to broker" in line for line in p.log_text().splitlines()) == 1
+    assert sum("SASL/PLAIN authentication as user" in line and "ERROR" in line
+               for line in p.log_text().splitlines()) == 1
+    assert len(_identity_lines(p)) == 1
     assert broker.proxy_logins() == []
     _assert_no_secret_logged(p)
 
@@ -317,4 +336,34 @@ def test_a_rotated_password_file_is_picked_up_by_the_next_retry(broker, proxy, t
     assert status == 200 and "brokers known: [1]" in detail, detail
     assert p.process.poll() is None  # no restart
     assert _failures(p) == failures  # nothing retried once it succeeded
+    # The new password was said once (never the password), the identity itself not again.
+    assert _identity_lines(p) == [
+        f"upstream identity: SASL/SCRAM-SHA-256 as user {SERVICE_USER} on the proxy's own connections; "
+        "plaintext (no TLS)",
+        f"upstream SASL credentials changed (password re-read), still SASL/SCRAM-SHA-256 as user {SERVICE_USER}",
+    ]
+    _assert_no_secret_logged(p)
+
+
+def test_a_token_for_another_principal_logs_the_new_identity_once(broker, proxy, tmp_path):
+    token_file = tmp_path / "token"
+    token_file.write_text(SERVICE_TOKEN)
+    p = _start(proxy, broker, _sasl_config("OAUTHBEARER", "file", token_file), metadata_refresh_interval_s=1)
+    assert broker.proxy_logins()[0] == ("OAUTHBEARER", SERVICE_USER)
+
+    fresh = tmp_path / "token.new"
+    fresh.write_text(OTHER_TOKEN)
+    os.replace(fresh, token_file)
+    _wait("a login as the token's new principal", lambda: ("OAUTHBEARER", OTHER_USER) in broker.proxy_logins(),
+          log=p.log_text)
+    logins = len(broker.proxy_logins())
+    _wait("another login with the same token", lambda: len(broker.proxy_logins()) > logins, log=p.log_text)
+    assert _identity_lines(p) == [
+        f"upstream identity: SASL/OAUTHBEARER as principal {SERVICE_USER} (the token's sub claim) on the proxy's "
+        "own connections; plaintext (no TLS)",
+        f"upstream identity changed (SASL credentials re-read): SASL/OAUTHBEARER as principal {OTHER_USER} (the "
+        "token's sub claim) on the proxy's own connections; plaintext (no TLS)",
+    ]
+    log = p.log_text()
+    assert OTHER_TOKEN not in log and OTHER_TOKEN.split(".")[1] not in log  # nor its payload alone
     _assert_no_secret_logged(p)

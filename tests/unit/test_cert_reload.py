@@ -284,3 +284,36 @@ def test_the_watch_goes_on_after_a_poll_that_raised(reloader, monkeypatch, caplo
         asyncio.run(asyncio.wait_for(run(), 5))
     assert calls[:3] == [0.0, 1.0, 2.0]
     assert any("still watching" in m for m in _errors(caplog))
+
+
+def _identity_lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "proxy.upstream_identity"]
+
+
+def test_a_new_upstream_client_certificate_logs_the_new_identity_once(reloader, server, files, caplog):
+    caplog.set_level(logging.INFO)
+    server.cluster.dialer.announce_identity()  # as ProxyServer.start does
+    [first] = _identity_lines(caplog)
+    assert first.startswith("upstream identity: client certificate CN=kqp-1,"), first
+
+    # The listener's certificate alone: the upstream identity did not change, nothing said.
+    files.server_pair("gen-2")
+    reloader.poll_at(0.0)
+    assert reloader.poll_at(DEBOUNCE_S)
+    assert reloader.reload_now()  # nor when SIGHUP reads the same upstream files again
+    assert len(_identity_lines(caplog)) == 1
+
+    files.client_pair("kqp-2")
+    reloader.poll_at(10.0)
+    assert reloader.poll_at(10.0 + DEBOUNCE_S)
+    for now in (11.0, 12.0, 100.0):
+        assert not reloader.poll_at(now)
+    lines = _identity_lines(caplog)
+    assert len(lines) == 2, lines
+    assert lines[1].startswith("upstream identity changed (upstream TLS files reloaded): client certificate "
+                               "CN=kqp-2,"), lines[1]
+    assert f"upstream.tls.ca {files.ca} (CA " in lines[1], lines[1]
+    # Said after the reload it comes from.
+    messages = [r.getMessage() for r in caplog.records]
+    reloaded = [i for i, m in enumerate(messages) if m.startswith("certificates reloaded")]
+    assert messages.index(lines[1]) == reloaded[-1] + 1, messages

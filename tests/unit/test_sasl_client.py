@@ -20,6 +20,7 @@ from protocol.messages import decode_response
 from proxy.sasl_client import (
     SaslAuthenticationError,
     SaslCredentials,
+    SaslRefused,
     ScramClient,
     authenticate,
     credentials,
@@ -79,6 +80,7 @@ def test_scram_server_final_error_is_reported():
     with pytest.raises(SaslAuthenticationError, match="failed with error: invalid-proof") as exc:
         client.verify_server_final(b"e=invalid-proof")
     assert "pencil" not in str(exc.value)
+    assert isinstance(exc.value, SaslRefused) and exc.value.broker_message == "server-final error invalid-proof"
 
 
 @pytest.mark.parametrize("iterations, ok", [(4095, False), (1, False), (4096, True), (8192, True), (10**7, False)])
@@ -205,6 +207,9 @@ def test_password_mechanisms_fail_with_wrong_credentials(mechanism, user, passwo
     assert "Authentication failed" in str(exc.value)  # the broker's error_message
     assert password not in str(exc.value) and PASSWORD not in str(exc.value)
     assert isinstance(exc.value, ConnectionError)
+    # A refusal, in the broker's own words (what the dialer's refusal line quotes).
+    assert isinstance(exc.value, SaslRefused)
+    assert exc.value.broker_message == "SASL_AUTHENTICATION_FAILED (58): Authentication failed"
 
 
 def test_oauthbearer_sends_the_token_as_kafka_does():
@@ -224,6 +229,8 @@ def test_oauthbearer_wrong_token_fails_after_the_rfc_7628_error_round():
         _run(broker, SaslCredentials("OAUTHBEARER", None, wrong))
     assert "invalid_token" in str(exc.value)
     assert wrong not in str(exc.value) and TOKEN not in str(exc.value)
+    assert isinstance(exc.value, SaslRefused) and "invalid_token" in exc.value.broker_message
+    assert wrong not in exc.value.broker_message
     assert broker.requests[-1].auth_bytes == b"\x01"  # the client's answer to the error challenge
 
 
@@ -270,6 +277,9 @@ def test_mechanism_not_enabled_names_the_offered_ones():
     assert "SCRAM-SHA-256 not enabled" in text and "PLAIN, SCRAM-SHA-512" in text
     assert "UNSUPPORTED_SASL_MECHANISM (33)" in text
     assert len(sent) == 1
+    assert isinstance(exc.value, SaslRefused)
+    assert exc.value.broker_message == ("mechanism not enabled (UNSUPPORTED_SASL_MECHANISM (33)); enabled mechanisms "
+                                        "are PLAIN, SCRAM-SHA-512")
 
 
 def test_illegal_sasl_state_is_named_and_older_authenticate_version_used():
@@ -304,6 +314,7 @@ def test_scram_server_signature_is_checked_end_to_end():
     with pytest.raises(SaslAuthenticationError, match="invalid server signature") as exc:
         asyncio.run(authenticate(round_trip, {17: (0, 1), 36: (0, 2)}, SaslCredentials("SCRAM-SHA-256", "u", PASSWORD)))
     assert PASSWORD not in str(exc.value)
+    assert not isinstance(exc.value, SaslRefused)  # the broker accepted; it is the broker that failed the proof
 
 
 # --- credentials() --------------------------------------------------------------------------
