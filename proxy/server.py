@@ -129,7 +129,8 @@ class ProxyServer:
         admin = config.quota_admin
         if admin.enabled and admin.store == "topic":
             self.topic_store = TopicStore(admin.topic, self.cluster, config.upstream.connect_timeout_s,
-                                          self._quota_store_changed, self._file_keys)
+                                          self._quota_store_changed, self._file_keys,
+                                          write_deadline_s=admin.write_deadline_ms / 1000)
             self.quota_store = self.topic_store
             self.registry.register(QuotaStoreCollector(self.topic_store))
         self.rules_in_force = config.quotas
@@ -191,6 +192,7 @@ class ProxyServer:
             self._servers.append(http)
             self.metrics_address = http.sockets[0].getsockname()[:2]
             log.info("metrics on http://%s:%d/metrics", *self.metrics_address)
+        self.cluster.dialer.announce_identity()  # before the first connection: who the brokers will see
         up = self.config.upstream
         answered = await refresh_once(self.cluster, self.stats, up.connect_timeout_s)
         if not answered:
@@ -308,7 +310,8 @@ class ProxyServer:
         configuration; connections stay. The quotas set through the Admin API stay on top of the
         file's (see proxy.quota_store). Raises ConfigError (nothing changed) when a rate limiter
         refuses its new configuration. Logs each quota in force it removes at WARNING (an entity
-        losing them all, or one value) and each one it adds or changes at INFO."""
+        losing them all, or one value) and each one it adds or changes at INFO, then one INFO line
+        counting the quota entries in force and those added, removed and changed."""
         before = self.config
         rules_before = self.rules_in_force
         live = replace(before, quotas=config.quotas, rate_limiters=config.rate_limiters, mode=config.mode,
@@ -338,7 +341,10 @@ class ProxyServer:
         if restart:  # the reload: section included, which the watcher read at start
             log.warning("reload applied quotas, mode, rate_limiters and producer_id_quota.reaction; "
                         "changed settings that need a restart: %s", ", ".join(restart))
-        log.info("reloaded: %d quota entries and %d rate limiters in force", len(rules), len(self.limiters))
+        added, removed, changed = _entry_changes(rules_before, rules)
+        log.info("reloaded: %s in force (%d added, %d removed, %d changed), %s",
+                 _count(len(rules), "quota entry", "quota entries"), added, removed, changed,
+                 _count(len(self.limiters), "rate limiter", "rate limiters"))
 
     def _spawn(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -391,6 +397,20 @@ class ProxyServer:
             await server.wait_closed()
         if self.usage is not None:
             await self.usage.close()
+
+
+def _entry_changes(before: tuple[QuotaRule, ...], after: tuple[QuotaRule, ...]) -> tuple[int, int, int]:
+    """(added, removed, changed): the quota entries (entities) ``after`` has and ``before`` has
+    not, the other way round, and those in both whose values or mode differ."""
+    old = {(r.user, r.client_id): r for r in before}
+    new = {(r.user, r.client_id): r for r in after}
+    changed = sum(1 for key, r in new.items()
+                  if key in old and (old[key].values != r.values or old[key].shadow != r.shadow))
+    return len(new.keys() - old.keys()), len(old.keys() - new.keys()), changed
+
+
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
 
 
 def _close_limiter(limiter: RateLimiter) -> None:

@@ -109,7 +109,7 @@ def _bound(p) -> float:
     return p.metric_sum("kqp_quota_bound", kind="request_rate", client_id=CLIENT_ID)
 
 
-RELOADED = r'msg="reloaded: 1 quota entries and 2 rate limiters in force"'
+RELOADED = r'msg="reloaded: 1 quota entry in force \(0 added, 0 removed, 1 changed\), 2 rate limiters"'
 
 
 def test_reload_on_file_change_and_sighup_keeps_connections(broker, proxy):

@@ -11,8 +11,10 @@ A. an in-place write in two parts: everything before ``quotas:`` (a valid config
    producer's quota never leaves (no removal logged, its ``kqp_quota_bound`` stays, its rate
    stays near the quota);
 B. a rename that really removes an entry: applied, with that entity named at WARNING;
-C. an in-place write that stays cut before ``quotas:``: refused at WARNING (it would remove
-   every quota entry) until SIGHUP, which applies it and names the producer's lost quota.
+C. an in-place write that stays cut before ``quotas:``: refused at ERROR (``quotas`` missing while
+   quotas are in force), by the watcher once and by SIGHUP again; the producer stays held to
+   its quota (before: SIGHUP applied the cut file, and the producer ran at 64 × its quota);
+D. an explicit ``quotas: []`` and SIGHUP: applied, the producer's lost quota named at WARNING.
 """
 
 from __future__ import annotations
@@ -154,7 +156,7 @@ def test_a_config_cut_short_by_a_write_in_place_never_drops_the_quota(broker, pr
         _write_in_place(path, head)
         time.sleep(PAUSE_S)
         _write_in_place(path, "quotas:\n" + PRODUCER_QUOTA + OTHER_QUOTA.format(rate=200), mode="a")
-        reloaded = _wait_for_log(p, r"reloaded: 2 quota entries")
+        reloaded = _wait_for_log(p, r"reloaded: 2 quota entries in force \(0 added, 0 removed, 1 changed\)")
         time.sleep(0.5)
         rate = rate_in_window(producer.events, written, time.monotonic())
         print(f"\nwrite A applied {reloaded - written:.2f} s after it began; "
@@ -167,23 +169,40 @@ def test_a_config_cut_short_by_a_write_in_place_never_drops_the_quota(broker, pr
 
         # B. A rename that really removes an entry: applied, the entity named at WARNING.
         _replace(path, head + "quotas:\n" + PRODUCER_QUOTA)
-        _wait_for_log(p, r"reloaded: 1 quota entries")
+        _wait_for_log(p, r"reloaded: 1 quota entry in force \(0 added, 1 removed, 0 changed\)")
         [removed] = _lines(p, "reload removes")
         assert 'level=WARNING logger=proxy.server msg="reload removes the quotas of client_id=other-app ' \
                '(request_rate=200)"' in removed
         assert _bound(p) == QUOTA
 
-        # C. Cut before quotas: and left so: refused (every quota would go) until SIGHUP.
+        # C. Cut before quotas: and left so: refused by the watcher, then by SIGHUP; the quota stays.
         throttled = producer.throttled
+        cut = time.monotonic()
         _write_in_place(path, head)
         _wait_for_log(p, "refused")
-        [refused] = _lines(p, "refused")
-        assert "level=WARNING" in refused and "removes all 1 quota entries" in refused
-        assert "send SIGHUP to apply it" in refused
+        os.kill(p.pid, signal.SIGHUP)
+        sighup = _wait_for_log(p, "refused", count=2)
+        time.sleep(3.0)
+        rate = rate_in_window(producer.events, cut, time.monotonic())
+        print(f"cut file refused, SIGHUP refused: producer at {rate / QUOTA:.2f} x its quota "
+              f"over the {time.monotonic() - cut:.1f} s from the cut write ({time.monotonic() - sighup:.1f} s "
+              "after SIGHUP)")
+        refusals = _lines(p, "refused")
+        assert len(refusals) == 2  # once by the watcher (however many polls), once for SIGHUP
+        for refused in refusals:
+            assert "level=ERROR" in refused
+            assert (f"reload of {path} refused, the configuration in force stays: quotas: missing (no key, or "
+                    "nothing under it) while 1 quota entry is in force") in refused
+            assert "write quotas: []" in refused
+        assert _lines(p, f"reload removes the quotas of client_id={PRODUCER}|reloaded: 0") == []
         assert _bound(p) == QUOTA
         assert producer.throttled > throttled  # still held to its quota
+        assert rate < 1.5 * QUOTA, f"the producer ran at {rate / QUOTA:.1f} x its quota after the cut file"
+
+        # D. The explicit removal, applied by SIGHUP (at once: within the watcher's debounce).
+        _write_in_place(path, head + "quotas: []\n")
         os.kill(p.pid, signal.SIGHUP)
-        _wait_for_log(p, r"reloaded: 0 quota entries")
+        _wait_for_log(p, r"reloaded: 0 quota entries in force \(0 added, 1 removed, 0 changed\)")
         assert len(_lines(p, f'level=WARNING .*reload removes the quotas of client_id={PRODUCER} '
                              f'\\(producer_byte_rate={QUOTA}\\)')) == 1
         assert _bound(p) == 0
@@ -192,4 +211,5 @@ def test_a_config_cut_short_by_a_write_in_place_never_drops_the_quota(broker, pr
 
     assert p.stop() == 0
     log = p.log_text()
-    assert "Traceback" not in log and "level=ERROR" not in log, log[-3000:]
+    errors = [ln for ln in log.splitlines() if "level=ERROR" in ln]
+    assert "Traceback" not in log and errors == refusals, log[-3000:]

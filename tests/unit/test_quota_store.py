@@ -87,7 +87,7 @@ def test_a_reload_logs_what_changes_in_force(caplog):
     lines = [r.getMessage() for r in caplog.records if r.name == "proxy.server"]
     assert not any(line.startswith("reload user=alice") for line in lines), lines  # 2000 stays in force
     assert "reload: 1 quota values set or removed through the Admin API stay over the file's" in lines
-    assert "reloaded: 1 quota entries and 2 rate limiters in force" in lines
+    assert "reloaded: 1 quota entry in force (0 added, 0 removed, 0 changed), 2 rate limiters" in lines
 
 
 def test_a_removal_is_kept_only_while_it_masks_a_key_of_the_file():
