@@ -18,11 +18,13 @@ from quotas.limiters import load_limiter_class
 
 from .model import (
     DEFAULT_RATE_LIMITERS,
+    FLEET_FALLBACKS,
     QUOTA_ADMIN_DESCRIBE,
     SASL_MECHANISMS,
     Config,
     ConnectionsConfig,
     ControllerMutation,
+    FleetConfig,
     LeaderDiscovery,
     ListenConfig,
     ListenTlsConfig,
@@ -45,7 +47,7 @@ _T = TypeVar("_T")  # what a reader (_int, _number) returns
 _SECTIONS = {
     "upstream", "listen", "metrics", "quota_windows", "quota_entities", "quotas",
     "controller_mutation", "producer_id_quota", "rate_limiters", "leader_discovery",
-    "usage_log", "connections", "reload", "quota_admin", "mode",
+    "usage_log", "connections", "reload", "quota_admin", "mode", "fleet",
 }
 
 
@@ -95,6 +97,7 @@ def parse_config(data: Any) -> Config:
         leader_discovery=_leader_discovery(root.get("leader_discovery", {}), "leader_discovery"),
         usage_log=_usage_log(root.get("usage_log", {}), "usage_log"),
         quota_admin=_quota_admin(root.get("quota_admin", {}), "quota_admin"),
+        fleet=_fleet(root.get("fleet", {}), "fleet"),
         mode=mode,
     )
 
@@ -144,6 +147,38 @@ def _quota_admin(data: Any, path: str) -> QuotaAdminConfig:
         describe=describe,
         topic=topic,
         write_deadline_ms=_int(m, "write_deadline_ms", path, d.write_deadline_ms, 100, 300_000),
+    )
+
+
+def _fleet(data: Any, path: str) -> FleetConfig:
+    d = FleetConfig()
+    m = _mapping(data, path, set(vars(d)))
+    topic = m.get("topic", d.topic)
+    if not isinstance(topic, str) or not _TOPIC_NAME.fullmatch(topic) or topic in (".", ".."):
+        raise ConfigError(f"{path}.topic", "must be a Kafka topic name (1 to 249 of a-z A-Z 0-9 . _ -, "
+                                           f"not . or ..), got {topic!r}")
+    fallback = m.get("fallback", d.fallback)
+    if fallback not in FLEET_FALLBACKS:
+        raise ConfigError(f"{path}.fallback", f"must be {' or '.join(FLEET_FALLBACKS)}, got {fallback!r}")
+    instance_id = m.get("instance_id")
+    if instance_id is not None and (not isinstance(instance_id, str) or not instance_id
+                                    or len(instance_id.encode()) > 255):
+        raise ConfigError(f"{path}.instance_id",
+                          f"must be a non-empty string of at most 255 bytes, got {instance_id!r}")
+    sync_interval_ms = _int(m, "sync_interval_ms", path, d.sync_interval_ms, 10, 60_000)
+    member_timeout_ms = _int(m, "member_timeout_ms", path, d.member_timeout_ms, 100, 3_600_000)
+    if member_timeout_ms < 2 * sync_interval_ms:
+        raise ConfigError(f"{path}.member_timeout_ms", f"must be at least twice sync_interval_ms "
+                          f"({sync_interval_ms}), got {member_timeout_ms}: a member would leave between two reports")
+    return FleetConfig(
+        enabled=_bool(m, "enabled", path, d.enabled),
+        topic=topic,
+        partitions=_int(m, "partitions", path, d.partitions, 1, 1000),
+        retention_ms=_int(m, "retention_ms", path, d.retention_ms, 60_000, 7 * 86_400_000),
+        sync_interval_ms=sync_interval_ms,
+        member_timeout_ms=member_timeout_ms,
+        fallback=fallback,
+        instance_id=instance_id,
     )
 
 

@@ -235,6 +235,26 @@ class UsageLogConfig:
 QUOTA_ADMIN_DESCRIBE = ("anyone", "admins")
 
 
+FLEET_FALLBACKS = ("share", "local")
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    """One quota for the whole fleet: instances share their usage through a Kafka topic
+    (proxy.fleet, quotas.fleet). Off by default: each instance enforces alone."""
+
+    enabled: bool = False
+    topic: str = "__kqp_quota_usage"
+    partitions: int = 1  # each instance writes one (by its id), reads them all
+    retention_ms: int = 600_000  # the topic's retention.ms when the proxy creates it
+    sync_interval_ms: int = 250  # how often each instance publishes its usage (and a heartbeat)
+    member_timeout_ms: int = 5_000  # silent this long: a member has left; the topic out of reach: fallback
+    # When the topic cannot be written or read for member_timeout_ms: "share" enforces bound /
+    # the members last known here (never more than the quota in total), "local" the whole bound.
+    fallback: str = "share"
+    instance_id: str | None = None  # None: the advertised host and bootstrap port
+
+
 @dataclass(frozen=True)
 class QuotaAdminConfig:
     """DescribeClientQuotas and AlterClientQuotas answered by the proxy (off: forwarded)."""
@@ -279,6 +299,7 @@ class Config:
     leader_discovery: LeaderDiscovery = field(default_factory=LeaderDiscovery)
     usage_log: UsageLogConfig = field(default_factory=UsageLogConfig)
     quota_admin: QuotaAdminConfig = field(default_factory=QuotaAdminConfig)
+    fleet: FleetConfig = field(default_factory=FleetConfig)
     # The quota entries' mode unless an entry sets its own: enforce, or shadow (every quota
     # computed and counted, nothing throttled, refused, muted or rewritten).
     mode: str = "enforce"

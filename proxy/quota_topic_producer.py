@@ -1,5 +1,6 @@
-"""The quota store's own producer (proxy.quota_topic_store): idempotent where the broker can
-be (KIP-98), acks=all, to partition 0 of one topic. One call of :meth:`PartitionProducer.send`
+"""The proxy's own producer (the quota store's, proxy.quota_topic_store, and the fleet's usage
+reports, proxy.fleet): idempotent where the broker can be (KIP-98), acks=all, to one partition
+of one topic. One call of :meth:`PartitionProducer.send`
 is one attempt; the store decides whether to try again (proxy.kafka_retry).
 
 Producer id and sequences follow Kafka's idempotent producer (``TransactionManager``, ``Sender``):
@@ -63,14 +64,16 @@ def broker_error(api: str, code: int, detail: str = "") -> StoreError:
 
 
 class PartitionProducer:
-    """Writes batches to ``topic``-0 (see the module docstring)."""
+    """Writes batches to ``topic``-``partition`` (see the module docstring)."""
 
     def __init__(self, topic: str, dialer: BrokerDialer, timeout_s: float,
-                 leader: Callable[[], Awaitable[tuple[str, int]]], inspect: Callable[[Any], object]) -> None:
+                 leader: Callable[[], Awaitable[tuple[str, int]]], inspect: Callable[[Any], object],
+                 partition: int = 0) -> None:
         self.topic = topic
+        self.partition = partition
         self._dialer = dialer
         self._timeout_s = timeout_s
-        self._leader = leader  # where partition 0's leader is now (a Metadata request)
+        self._leader = leader  # where the partition's leader is now (a Metadata request)
         self._inspect = inspect  # raises when a Metadata answer says the topic is gone
         self._conn: OwnConnection | None = None
         self.state: tuple[int, int, int] | None = None  # producer id, epoch, next sequence (None: ask)
@@ -94,7 +97,8 @@ class PartitionProducer:
         if version < 3:
             raise StoreError(f"the broker offers no Produce version >= 3 ({version})", retriable=False)
         T = ProduceRequest[version].TopicProduceData
-        data = T(name=self.topic, partition_data=[T.PartitionProduceData(index=0, records=bytes(builder.buffer()))])
+        part_data = T.PartitionProduceData(index=self.partition, records=bytes(builder.buffer()))
+        data = T(name=self.topic, partition_data=[part_data])
         resp = await conn.round_trip(ProduceRequest[version](transactional_id=None, acks=-1,
                                                              timeout_ms=int(self._timeout_s * 1000),
                                                              topic_data=[data]))

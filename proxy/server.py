@@ -35,6 +35,7 @@ from .filters.producer_ids import ProducerIdQuotaFilter
 from .filters.quotas import RateQuotaFilter, now_ms
 from .filters.sasl import SaslFilter
 from .filters.usage import UsageFilter
+from .fleet import FleetCollector, FleetExchange
 from .guard import ConnectionGuard, GuardCollector
 from .http import MetricsEndpoint
 from .leaders import ExpeditedRefresher, LeaderCache, LeaderCollector
@@ -133,6 +134,14 @@ class ProxyServer:
                                           write_deadline_s=admin.write_deadline_ms / 1000)
             self.quota_store = self.topic_store
             self.registry.register(QuotaStoreCollector(self.topic_store))
+        self.fleet: FleetExchange | None = None
+        if config.fleet.enabled:
+            w = config.quota_windows
+            window_ms = int(1000 * max(w.quota_window_num * w.quota_window_size_seconds,
+                                       w.controller_quota_window_num * w.controller_quota_window_size_seconds))
+            self.fleet = FleetExchange(config.fleet, self.cluster, self.quotas, config.upstream.connect_timeout_s,
+                                       window_ms, now_ms)
+            self.registry.register(FleetCollector(self.fleet, now_ms))
         self.rules_in_force = config.quotas
         self.client_quotas = ClientQuotasFilter(config.quota_admin, self.quota_store, self)
         self.producer_id_filter = ProducerIdQuotaFilter(self.producer_ids, config.producer_id_quota.reaction)
@@ -201,6 +210,8 @@ class ProxyServer:
             # Read to its end before the proxy can be ready; with no broker answering, not waited
             # for (the file's quotas are in force until it is read).
             await self.topic_store.start(wait_s=2 * up.connect_timeout_s if answered else 0.0)
+        if self.fleet is not None:
+            self.fleet.start(f"{self.config.listen.advertised_host}:{self.bootstrap_address[1]}")
         self._spawn(self._refresh_periodically(up.metadata_refresh_interval_s, up.connect_timeout_s, answered))
         self._spawn(self._expire_quota_entities())
         self._spawn(self._sweep_connections())
@@ -365,6 +376,8 @@ class ProxyServer:
         detail = f"{'ok' if ok else 'not serving'}; brokers known: {sorted(self.cluster.brokers)}"
         if self.topic_store is not None:
             detail += "; " + self.topic_store.state()[1]
+        if self.fleet is not None:
+            detail += "; " + self.fleet.state()[1]
         return ok, detail
 
     def ready(self) -> tuple[bool, str]:
@@ -378,6 +391,13 @@ class ProxyServer:
                 ready = False
             else:
                 detail += "; " + store
+        if self.fleet is not None:
+            shared, fleet = self.fleet.state()
+            if not shared:
+                detail = ("not ready: " if ready else detail + "; ") + fleet
+                ready = False
+            else:
+                detail += "; " + fleet
         return ready, detail
 
     async def stop(self) -> None:
@@ -385,6 +405,8 @@ class ProxyServer:
             task.cancel()
         if self.topic_store is not None:
             await self.topic_store.stop()
+        if self.fleet is not None:
+            await self.fleet.stop()
         self.refresher.close()
         for limiter in self.limiters:
             _close_limiter(limiter)

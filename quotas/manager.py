@@ -73,6 +73,8 @@ class _State:
         "last_used_ms",
         "last_throttle_ms",
         "last_throttle_at_ms",
+        "pending",
+        "reported",
     )
 
     def __init__(self, resolved: ResolvedQuota, rate: WindowedRate, now_ms: int) -> None:
@@ -82,10 +84,17 @@ class _State:
         self.last_used_ms = now_ms
         self.last_throttle_ms = 0
         self.last_throttle_at_ms = now_ms
+        self.pending = 0.0  # charged here since the fleet was last told (quotas.fleet)
+        self.reported = 0.0  # what the last report told, maybe not read by the others yet
 
-    def set_quota(self, resolved: ResolvedQuota) -> None:
+    def set_quota(self, resolved: ResolvedQuota, share: int = 1) -> None:
+        """The rule's bound, divided by ``share`` (the fleet's fallback: a bound per instance)."""
         self.resolved = resolved
-        self.quota = resolved.quota
+        self.quota = resolved.quota / share
+
+    def add_remote_at(self, amount: float, now_ms: int) -> None:
+        """Another fleet member's usage, into the same samples as this instance's own."""
+        self.rate.record_at(amount, now_ms)
 
     def remaining_throttle_ms_at(self, now_ms: int) -> int:
         # AbstractControllerMutationQuota.throttleTime: the last throttle minus the time since.
@@ -126,9 +135,11 @@ class _RateState(_State):
         self.max_throttle_ms = max_throttle_ms
 
     def record_and_throttle_at(self, amount: float, now_ms: int) -> int:
+        self.pending += amount
         return self.rate.record_and_throttle_at(amount, self.quota, now_ms, self.max_throttle_ms)
 
     def unrecord_at(self, amount: float, now_ms: int) -> None:
+        self.pending -= amount
         self.rate.unrecord_at(amount, now_ms)
 
 
@@ -139,18 +150,25 @@ class _BucketState(_State):
         super().__init__(resolved, rate, now_ms)
         self.bucket = bucket
 
-    def set_quota(self, resolved: ResolvedQuota) -> None:
-        super().set_quota(resolved)
-        self.bucket.set_rate(resolved.quota)
+    def set_quota(self, resolved: ResolvedQuota, share: int = 1) -> None:
+        super().set_quota(resolved, share)
+        self.bucket.set_rate(self.quota)
+
+    def add_remote_at(self, amount: float, now_ms: int) -> None:
+        # KIP-599's bucket is debited by what the other members admitted.
+        self.rate.record_at(amount, now_ms)
+        self.bucket.record_at(amount, now_ms)
 
     def tokens_at(self, now_ms: int) -> float | None:
         return self.bucket.tokens_at(now_ms)
 
     def record_and_throttle_at(self, amount: float, now_ms: int) -> int:
+        self.pending += amount
         self.rate.record_at(amount, now_ms)
         return self.bucket.record_and_throttle_at(amount, now_ms).throttle_ms
 
     def unrecord_at(self, amount: float, now_ms: int) -> None:
+        self.pending -= amount
         self.rate.unrecord_at(amount, now_ms)
         self.bucket.record_at(-amount, now_ms)
 
@@ -194,6 +212,10 @@ class QuotaManager:
         self._rejected = dict.fromkeys(TOKEN_BUCKET_KINDS, 0)
         self._shadow_throttled = dict.fromkeys(RATE_KINDS | TOKEN_BUCKET_KINDS, 0)
         self._shadow_rejected = dict.fromkeys(TOKEN_BUCKET_KINDS, 0)
+        self._share = 1  # the fleet's fallback divides every bound by the members last known
+        self._members = 1  # fleet members sharing usage (1: no fleet, or alone in it)
+        self._sync_interval_ms = 0
+        self._next_sync_ms = 0
 
     # -- rules ------------------------------------------------------------------------------
 
@@ -214,7 +236,7 @@ class QuotaManager:
             if resolved is None or resolved.key != key:
                 self._table.remove(key)
             else:
-                state.set_quota(resolved)
+                state.set_quota(resolved, self._share)
 
     def resolve(self, user: str, client_id: str, kind: str) -> ResolvedQuota | None:
         """The rule that applies, or None. User-level only for ``producer_ids_rate``.
@@ -245,6 +267,8 @@ class QuotaManager:
         if now_ms > state.last_used_ms:
             state.last_used_ms = now_ms
         throttle_ms = state.record_and_throttle_at(amount, now_ms)
+        if self._members > 1 and throttle_ms < self._sync_interval_ms and type(state) is _RateState:
+            throttle_ms = max(throttle_ms, self._paced_ms(state, now_ms))
         if throttle_ms:
             state.last_throttle_ms = throttle_ms
             state.last_throttle_at_ms = now_ms
@@ -280,6 +304,7 @@ class QuotaManager:
         if decision.admitted:
             # Strict mode records the Rate only for what it admits (checkQuotas, then record).
             state.rate.record_at(amount, now_ms)
+            state.pending += amount
             return decision
         state.last_throttle_ms = decision.throttle_ms
         state.last_throttle_at_ms = now_ms
@@ -349,13 +374,91 @@ class QuotaManager:
         return state
 
     def _new_state(self, resolved: ResolvedQuota, now_ms: int) -> _State:
+        state: _State
         if resolved.kind in TOKEN_BUCKET_KINDS:
             num, size_ms = self.controller_quota_window_num, self.controller_quota_window_size_ms
             bucket = TokenBucket(resolved.quota, num, size_ms, now_ms)
-            return _BucketState(resolved, WindowedRate(num, size_ms), bucket, now_ms)
-        max_throttle_ms = self.request_max_throttle_ms if resolved.kind == REQUEST_RATE else MAX_THROTTLE_MS
-        rate = WindowedRate(self.quota_window_num, self.quota_window_size_ms)
-        return _RateState(resolved, rate, now_ms, max_throttle_ms)
+            state = _BucketState(resolved, WindowedRate(num, size_ms), bucket, now_ms)
+        else:
+            max_throttle_ms = self.request_max_throttle_ms if resolved.kind == REQUEST_RATE else MAX_THROTTLE_MS
+            rate = WindowedRate(self.quota_window_num, self.quota_window_size_ms)
+            state = _RateState(resolved, rate, now_ms, max_throttle_ms)
+        if self._share != 1:
+            state.set_quota(resolved, self._share)
+        return state
+
+    # -- the fleet (quotas.fleet): usage shared with other instances -------------------------
+
+    def take_local_usage(self, now_ms: int = 0) -> list[tuple[tuple[str, str | None, str | None], float]]:
+        """What this instance charged each entity since the last call ((kind, user, client id)
+        labels, amount), for the fleet's next report; a net give-back (an un-recorded Fetch) is
+        carried into the next interval rather than sent."""
+        self._next_sync_ms = now_ms + self._sync_interval_ms
+        out = []
+        for key, state in self._table.items():
+            pending = state.pending
+            if pending > 0:
+                out.append((key, pending))
+                state.pending = 0.0
+                state.reported = pending
+            else:
+                state.reported = 0.0
+        return out
+
+    def add_remote(self, kind: str, user: str | None, client_id: str | None, amount: float, now_ms: int) -> bool:
+        """Another member's usage of the entity with these labels, into the same samples as this
+        instance's own (rates) or debited from its bucket (KIP-599). False, and nothing kept,
+        when no rule here gives that entity, or when its state would have to push out an entity
+        of this instance's (remote usage never evicts)."""
+        key = (kind, user, client_id)
+        state = self._table.get(key)
+        if state is None:
+            if kind not in self._throttled:
+                return False
+            resolved = self._resolver.resolve_entity(kind, user, client_id)
+            if resolved is None or resolved.key != key or len(self._table) >= self._table.max_entities:
+                return False
+            state = self._new_state(resolved, now_ms)
+            self._table.add(key, state, now_ms)
+        elif now_ms > state.last_used_ms:
+            state.last_used_ms = now_ms
+        state.add_remote_at(amount, now_ms)
+        return True
+
+    def set_fleet(self, members: int, sync_interval_ms: int) -> None:
+        """``members`` instances (this one included) share usage every ``sync_interval_ms``:
+        a windowed rate's burst is paced (:meth:`_paced_ms`)."""
+        self._members = max(1, int(members))
+        self._sync_interval_ms = sync_interval_ms
+
+    def _paced_ms(self, state: _RateState, now_ms: int) -> int:
+        """The fleet's burst pacing: what the others may not have read yet (this interval's usage
+        and the last report's, still on its way) is at most this instance's share of what the
+        window still allows (a greedy client starting on every member at once would otherwise
+        get one whole burst per member before the first reports are read), and never less than
+        the quota's rate for those two intervals (so a principal on one instance keeps its whole
+        quota). Over that, a throttle until the next report."""
+        rate = state.rate
+        window_ms = rate.window_ms_at(now_ms)
+        headroom = state.quota * window_ms / 1000 - rate.total_at(now_ms)
+        allowance = max(headroom / self._members, state.quota * 2 * self._sync_interval_ms / 1000)
+        if state.pending + state.reported <= allowance:
+            return 0
+        wait_ms = self._next_sync_ms - now_ms
+        return wait_ms if wait_ms > 0 else 1
+
+    def set_share(self, members: int) -> None:
+        """Every bound divided by ``members`` (1: the whole bound): the fleet's ``share`` fallback."""
+        members = max(1, int(members))
+        if members == self._share:
+            return
+        self._share = members
+        for _, state in self._table.items():
+            state.set_quota(state.resolved, members)
+
+    @property
+    def share(self) -> int:
+        return self._share
 
     # -- housekeeping and observation -------------------------------------------------------
 

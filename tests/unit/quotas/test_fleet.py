@@ -1,0 +1,266 @@
+"""The fleet's usage exchange, pure part (quotas.fleet) and the quota engine's side of it
+(QuotaManager.take_local_usage / add_remote / set_share): synthetic instants, no I/O."""
+
+from __future__ import annotations
+
+import math
+import struct
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from quotas import CONTROLLER_MUTATION_RATE, PRODUCER_BYTE_RATE, QuotaManager
+from quotas.entities import QuotaRule
+from quotas.fleet import (
+    KINDS,
+    MAX_AMOUNT,
+    BadReport,
+    FleetMembers,
+    UsageEntry,
+    UsageReport,
+    decode_report,
+    encode_report,
+    usage_entries,
+)
+
+REPORT = UsageReport("proxy-a:9092", incarnation=7, seq=41, sent_at_ms=1_700_000_000_000, interval_ms=250,
+                     entries=(UsageEntry(PRODUCER_BYTE_RATE, "alice", None, 1_048_576.0),
+                              UsageEntry(CONTROLLER_MUTATION_RATE, None, "storm-1", 6.0),
+                              UsageEntry("request_rate", "bob", "app-é", 12.5)))
+
+
+# -- the encoding --------------------------------------------------------------------------------
+
+
+def test_a_report_round_trips():
+    (value,) = encode_report(REPORT)
+    assert decode_report(value) == REPORT
+
+
+def test_a_heartbeat_has_no_entries_and_is_small():
+    (value,) = encode_report(UsageReport("a", 1, 0, 5, 250))
+    assert decode_report(value).entries == ()
+    assert len(value) < 50
+
+
+def test_a_large_report_is_split_into_records_of_its_own_with_consecutive_sequence_numbers():
+    entries = tuple(UsageEntry(PRODUCER_BYTE_RATE, f"user-{i:05d}", None, float(i)) for i in range(2000))
+    values = encode_report(UsageReport("a", 1, 10, 5, 250, entries), max_bytes=4096)
+    assert len(values) > 1 and all(len(v) <= 4096 for v in values)
+    decoded = [decode_report(v) for v in values]
+    assert [d.seq for d in decoded] == list(range(10, 10 + len(values)))
+    assert tuple(e for d in decoded for e in d.entries) == entries
+
+
+def test_1000_entities_cost_about_30_bytes_each():
+    entries = tuple(UsageEntry(PRODUCER_BYTE_RATE, f"user-{i:04d}", f"app-{i:04d}", 1e6) for i in range(1000))
+    (value,) = encode_report(UsageReport("proxy-a:9092", 1, 0, 5, 250, entries))
+    assert len(value) < 35 * 1000
+
+
+@pytest.mark.parametrize("amount", [-1.0, math.nan, math.inf, -math.inf, MAX_AMOUNT * 2])
+def test_an_absurd_amount_refuses_the_record(amount):
+    (value,) = encode_report(UsageReport("a", 1, 0, 5, 250, (UsageEntry(PRODUCER_BYTE_RATE, "u", None, 1.0),)))
+    bad = value[:-8] + struct.pack(">d", amount)
+    with pytest.raises(BadReport) as info:
+        decode_report(bad)
+    assert info.value.reason == "bad_amount"
+
+
+def test_another_version_or_no_magic_is_refused_by_reason():
+    (value,) = encode_report(REPORT)
+    with pytest.raises(BadReport, match="unknown_version"):
+        decode_report(value[:4] + bytes([2]) + value[5:])
+    with pytest.raises(BadReport, match="not_a_report"):
+        decode_report(b"{\"json\": true}" + value)
+    with pytest.raises(BadReport, match="trailing_bytes"):
+        decode_report(value + b"\x00")
+    kind_at = len(encode_report(UsageReport("proxy-a:9092", 7, 41, 0, 250))[0])  # the first entry's kind
+    assert value[kind_at] == KINDS.index(PRODUCER_BYTE_RATE)
+    with pytest.raises(BadReport, match="unknown_kind"):
+        decode_report(value[:kind_at] + bytes([200]) + value[kind_at + 1:])
+
+
+def test_every_truncation_is_refused_never_read_past():
+    (value,) = encode_report(REPORT)
+    for n in range(len(value)):
+        with pytest.raises(BadReport):
+            decode_report(value[:n])
+
+
+def test_an_announced_count_larger_than_the_record_is_refused_before_reading():
+    (value,) = encode_report(UsageReport("a", 1, 0, 5, 250))
+    with pytest.raises(BadReport, match="truncated"):
+        decode_report(value[:-4] + struct.pack(">I", 2**32 - 1))
+
+
+@settings(max_examples=300)
+@given(st.binary(max_size=300))
+def test_garbage_raises_only_bad_report(data):
+    try:
+        decode_report(data)
+    except BadReport:
+        pass
+
+
+def test_usage_entries_keep_positive_amounts_of_known_kinds():
+    pending = [((PRODUCER_BYTE_RATE, "a", None), 5.0), ((PRODUCER_BYTE_RATE, "b", None), 0.0),
+               (("no_such_kind", "c", None), 1.0)]
+    assert usage_entries(pending) == (UsageEntry(PRODUCER_BYTE_RATE, "a", None, 5.0),)
+
+
+# -- members ---------------------------------------------------------------------------------------
+
+
+def test_a_record_read_twice_or_out_of_order_is_not_news_a_new_incarnation_is():
+    members = FleetMembers(timeout_ms=1000)
+    r = UsageReport("b", incarnation=1, seq=5, sent_at_ms=0, interval_ms=250)
+    assert members.admit(r, 0)
+    assert not members.admit(r, 10)
+    assert not members.admit(UsageReport("b", 1, 4, 0, 250), 20)
+    assert members.admit(UsageReport("b", 1, 6, 0, 250), 30)
+    assert members.admit(UsageReport("b", 2, 0, 0, 250), 40)  # restarted: its sequence starts again
+
+
+def test_members_silent_for_the_timeout_leave():
+    members = FleetMembers(timeout_ms=1000)
+    members.admit(UsageReport("b", 1, 0, 0, 250), 0)
+    members.admit(UsageReport("c", 1, 0, 0, 250), 500)
+    assert members.expire(999) == [] and len(members) == 2
+    assert members.expire(1000) == ["b"] and [i for i, _ in members.live()] == ["c"]
+
+
+def test_a_flood_of_made_up_members_is_capped():
+    members = FleetMembers(timeout_ms=1000, max_members=3)
+    assert all(members.admit(UsageReport(f"m{i}", 1, 0, 0, 250), 0) for i in range(3))
+    assert not members.admit(UsageReport("m9", 1, 0, 0, 250), 10)
+    assert len(members) == 3
+    assert members.admit(UsageReport("m9", 1, 0, 0, 250), 1000)  # once the others timed out
+
+
+# -- the quota engine's side ---------------------------------------------------------------------------
+
+
+def manager(quota: float = 1000.0, kind: str = PRODUCER_BYTE_RATE, **kw) -> QuotaManager:
+    return QuotaManager([QuotaRule("alice", None, {kind: quota})], **kw)
+
+
+def test_local_usage_is_taken_once_and_remote_usage_is_never_reported_again():
+    m = manager()
+    m.check_and_record("alice", "app", PRODUCER_BYTE_RATE, 300, 1000)
+    m.check_and_record("alice", "app", PRODUCER_BYTE_RATE, 200, 1100)
+    assert m.add_remote(PRODUCER_BYTE_RATE, "alice", None, 700, 1100)
+    assert m.take_local_usage() == [((PRODUCER_BYTE_RATE, "alice", None), 500)]
+    assert m.take_local_usage() == []
+
+
+def test_a_give_back_is_carried_into_the_next_report():
+    m = manager()
+    m.check_and_record("alice", "app", PRODUCER_BYTE_RATE, 300, 1000)
+    assert m.take_local_usage() == [((PRODUCER_BYTE_RATE, "alice", None), 300)]
+    m.unrecord("alice", "app", PRODUCER_BYTE_RATE, 100, 1100)  # a throttled Fetch's bytes
+    assert m.take_local_usage() == []
+    m.check_and_record("alice", "app", PRODUCER_BYTE_RATE, 250, 1200)
+    assert m.take_local_usage() == [((PRODUCER_BYTE_RATE, "alice", None), 150)]
+
+
+def test_two_instances_sharing_usage_throttle_as_one_would():
+    """Two members each take half of one client's load; exchanging usage every 250 ms, each
+    throttles as one instance taking all of it would (Kafka's formula on the fleet rate)."""
+    one, a, b = manager(), manager(), manager()
+    throttle_one = throttle_a = 0
+    for t in range(0, 12_000, 50):
+        now = 1_000_000 + t
+        throttle_one = one.check_and_record("alice", "x", PRODUCER_BYTE_RATE, 200, now).throttle_ms
+        throttle_a = a.check_and_record("alice", "x", PRODUCER_BYTE_RATE, 100, now).throttle_ms
+        b.check_and_record("alice", "y", PRODUCER_BYTE_RATE, 100, now)
+        if t % 250 == 0:
+            for src, dst in ((a, b), (b, a)):
+                for (kind, user, client_id), amount in src.take_local_usage():
+                    dst.add_remote(kind, user, client_id, amount, now)
+    assert throttle_one > 0
+    assert abs(throttle_a - throttle_one) <= 0.05 * throttle_one + 250
+
+
+def test_a_principal_on_one_instance_keeps_its_whole_quota():
+    a = manager()
+    for t in range(0, 11_000, 100):
+        decision = a.check_and_record("alice", "x", PRODUCER_BYTE_RATE, 90, 1_000_000 + t)  # 900 B/s < 1000
+        assert decision.throttle_ms == 0
+
+
+def test_remote_usage_of_an_entity_no_rule_here_gives_is_ignored_and_never_evicts():
+    m = QuotaManager([QuotaRule("<default>", None, {PRODUCER_BYTE_RATE: 10.0})], max_entities=2)
+    assert not m.add_remote(PRODUCER_BYTE_RATE, None, "app", 5, 0)  # no client-level rule here
+    assert not m.add_remote("no_such_kind", "alice", None, 5, 0)
+    m.check_and_record("alice", "x", PRODUCER_BYTE_RATE, 1, 0)
+    m.check_and_record("bob", "x", PRODUCER_BYTE_RATE, 1, 0)
+    assert not m.add_remote(PRODUCER_BYTE_RATE, "carol", None, 5, 0)  # full: nothing of ours goes
+    assert m.live_entities == 2 and m.evicted_total == 0
+    assert m.add_remote(PRODUCER_BYTE_RATE, "alice", None, 5, 0)
+
+
+def test_remote_mutations_debit_the_token_bucket():
+    m = manager(quota=1.0, kind=CONTROLLER_MUTATION_RATE)  # burst 11
+    assert m.add_remote(CONTROLLER_MUTATION_RATE, "alice", None, 12, 0)
+    assert m.tokens("alice", "x", CONTROLLER_MUTATION_RATE, 0) == pytest.approx(-1)
+    assert not m.try_admit("alice", "x", CONTROLLER_MUTATION_RATE, 1, 0).admitted
+    assert m.take_local_usage() == []
+
+
+def test_the_share_fallback_divides_every_bound_and_comes_back_whole():
+    m = manager(quota=900.0)
+    m.check_and_record("alice", "x", PRODUCER_BYTE_RATE, 1, 0)
+    m.set_share(3)
+    assert [s.quota for s in m.entity_stats(0)] == [300.0]
+    b = manager(quota=3.0, kind=CONTROLLER_MUTATION_RATE)
+    b.set_share(3)
+    b.try_admit("alice", "x", CONTROLLER_MUTATION_RATE, 0, 0)  # a new state takes the share too
+    assert b.tokens("alice", "x", CONTROLLER_MUTATION_RATE, 0) == pytest.approx(11)
+    m.set_share(1)
+    assert [s.quota for s in m.entity_stats(0)] == [900.0]
+
+
+def greedy_fleet(members: int, seconds: float, request: int = 100_000, sync_ms: int = 250, quota: float = 1e6,
+                 clients: int | None = None) -> float:
+    """``clients`` greedy clients (one per member, default every member) sending ``request`` bytes
+    as soon as their throttle ends, members exchanging usage every ``sync_ms`` (read one
+    interval later); the bytes admitted in all."""
+    ms = [QuotaManager([QuotaRule("alice", None, {PRODUCER_BYTE_RATE: quota})]) for _ in range(members)]
+    for m in ms:
+        m.set_fleet(members, sync_ms)
+    free_at = [0] * (clients or members)
+    in_flight: list[tuple[int, int, list]] = []  # (read at, by member, usage)
+    admitted = 0.0
+    for now in range(0, int(seconds * 1000), 5):
+        for i, t in enumerate(free_at):
+            if now >= t:
+                decision = ms[i].check_and_record("alice", "x", PRODUCER_BYTE_RATE, request, now)
+                admitted += request
+                free_at[i] = now + max(decision.throttle_ms, 5)
+        if now % sync_ms == 0:
+            in_flight += [(now + sync_ms // 2, i, m.take_local_usage(now)) for i, m in enumerate(ms)]
+        for read_at, src, usage in [x for x in in_flight if x[0] <= now]:
+            in_flight.remove((read_at, src, usage))
+            for j, m in enumerate(ms):
+                if j != src:
+                    for (kind, user, client_id), amount in usage:
+                        m.add_remote(kind, user, client_id, amount, now)
+    return admitted
+
+
+def test_a_burst_on_every_member_at_once_is_paced_to_about_one_burst():
+    """Greedy clients starting together on three members: in the first second, about what one
+    member alone admits (its window's burst), plus at most a request per member; unpaced, three
+    bursts."""
+    one = greedy_fleet(1, 1.0)
+    three = greedy_fleet(3, 1.0)
+    assert three <= one + 3 * 100_000 + 0.25 * 1e6 * 3, (one, three)
+    assert three >= 0.8 * one
+
+
+def test_pacing_leaves_a_principal_on_one_member_its_whole_quota():
+    alone = greedy_fleet(1, 30.0)
+    in_fleet = greedy_fleet(3, 30.0, clients=1)
+    assert 0.95 <= in_fleet / alone <= 1.0, (alone, in_fleet)
