@@ -99,6 +99,7 @@ class FleetExchange:
         self._producer: PartitionProducer | None = None
         self._created = False
         self._caught_up: set[int] = set()  # partitions read up to their end once
+        self._next_offsets: dict[int, int] = {}  # partition -> the next offset to read
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -187,14 +188,20 @@ class FleetExchange:
     async def _follow_leader(self, leader: tuple[str, int], partitions: list[int]) -> None:
         async with await self._cluster.dialer.open(leader, self._timeout_s) as conn:
             async with asyncio.timeout(self._timeout_s):
-                start = await self._offsets(conn, partitions, int(time.time() * 1000) - self._window_ms)
                 ends = await self._offsets(conn, partitions, -1)
-            offsets = {p: (start[p] if start[p] >= 0 else ends[p]) for p in partitions}
+                new = [p for p in partitions if p not in self._next_offsets]
+                if new:  # the first time: from the oldest usage still inside the window
+                    start = await self._offsets(conn, new, int(time.time() * 1000) - self._window_ms)
+                    self._next_offsets.update({p: (start[p] if start[p] >= 0 else ends[p]) for p in new})
+            # A reconnect goes on where the last connection stopped: nothing is read twice.
+            offsets = {p: self._next_offsets[p] for p in partitions}
             wait_ms = max(self.config.sync_interval_ms // 2, 10)
             while True:
                 async with asyncio.timeout(self._timeout_s + wait_ms / 1000):
                     highs = await self._fetch(conn, offsets, wait_ms)
+                self._next_offsets.update(offsets)
                 self._last_read_ms = self._clock()
+                self._expire_members()
                 self._check_fallback()
                 if not self.loaded.is_set() and all(offsets[p] >= max(highs.get(p, 0), ends[p]) for p in partitions):
                     self._caught_up.update(partitions)
@@ -264,10 +271,12 @@ class FleetExchange:
                 offset = record.offset + 1
                 self._apply_value(record.value, now)
             offset = max(offset, getattr(batch, "next_offset", offset))
-        for member in self.members.expire(now):
+        return offset
+
+    def _expire_members(self) -> None:
+        for member in self.members.expire(self._clock()):
             log.info("fleet: member %s left (silent for %d ms)", member, self.config.member_timeout_ms)
         self._pace()
-        return offset
 
     def _pace(self) -> None:
         """The quota engines pace bursts by the members sharing now (none while in fallback)."""
