@@ -297,6 +297,10 @@ class FleetExchange:
             # A former incarnation of this instance (a restart): its usage still counts; it is not a member.
             self._add(report, now)
             return
+        if time.time() * 1000 - report.sent_at_ms >= self.config.member_timeout_ms:
+            # History read at start: the usage counts, but its sender may be long gone (by its own clock).
+            self._add(report, now)
+            return
         if not self.members.admit(report, now):
             self.ignored["duplicate"] += 1
             return

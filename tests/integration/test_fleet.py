@@ -197,3 +197,130 @@ def _ready(p: ProxyProcess, timeout_s: float = 15.0) -> bool:
 
 
 
+
+
+# -- the usage topic out of reach: the fallback ------------------------------------------------------
+#
+# The usage topic must fail while client traffic flows on: the scripted cluster stands in for the
+# brokers here (tests/support/scripted_broker.py), answering Produce and Fetch of the usage topic
+# NOT_LEADER_OR_FOLLOWER on demand, which Tansu cannot be made to do for one topic only.
+
+SMALL_QUOTA = 50_000  # bytes/s
+FAST = {"quota_windows": {"quota_window_num": 2, "quota_window_size_seconds": 1},
+        "quotas": [{"user": "<default>", "client_id": "tenant", "producer_byte_rate": SMALL_QUOTA}]}
+USAGE_TOPIC = "__kqp_quota_usage"
+
+
+def _kafka_python_greedy(bootstrap: str, topic: str, stop: threading.Event, acked: list, errors: list) -> None:
+    """Keeps 20 records in flight as long as ``stop`` is not set (so that what is left at the end
+    is flushed at once); notes (instant, bytes) of every acknowledged record."""
+    producer = KafkaProducer(bootstrap_servers=bootstrap, client_id="tenant", acks=1, linger_ms=5,
+                             max_request_size=20_000, batch_size=5_000)
+    done = threading.Semaphore(20)
+
+    def ok(meta) -> None:
+        acked.append((time.monotonic(), len(RECORD)))
+        done.release()
+
+    def failed(exc) -> None:
+        errors.append(exc)
+        done.release()
+
+    while not stop.is_set():
+        if done.acquire(timeout=0.1):
+            producer.send(topic, RECORD).add_callback(ok).add_errback(failed)
+    producer.flush(30)
+    producer.close()
+
+
+def _stall(cluster, stalled: bool) -> None:
+    def change() -> None:
+        for table in (cluster.script.produce_errors, cluster.script.fetch_errors):
+            if stalled:
+                table[(USAGE_TOPIC, 0)] = 6
+            else:
+                table.pop((USAGE_TOPIC, 0), None)
+    cluster.call(change)
+
+
+@pytest.mark.parametrize("fallback", ["share", "local"])
+def test_the_usage_topic_out_of_reach_falls_back_then_sharing_resumes(fallback):
+    from tests.support.inproc import InProcessProxy
+    from tests.support.scripted_broker import ScriptedCluster
+
+    fleet = {"enabled": True, "sync_interval_ms": 100, "member_timeout_ms": 1000, "fallback": fallback}
+    with ScriptedCluster(brokers=1, topics={"data": 1}).threaded() as cluster, \
+            InProcessProxy(cluster.bootstrap_servers, fleet=dict(fleet, instance_id="a"), **FAST) as a, \
+            InProcessProxy(cluster.bootstrap_servers, fleet=dict(fleet, instance_id="b"), **FAST) as b:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not (a.metric("kqp_fleet_members") == 2 == b.metric("kqp_fleet_members")):
+            time.sleep(0.05)
+        stop, acked, errors = threading.Event(), [], []
+        clients = [threading.Thread(target=_kafka_python_greedy, args=(p.bootstrap, "data", stop, acked, errors))
+                   for p in (a, b)]
+        for t in clients:
+            t.start()
+        try:
+            time.sleep(3)
+            stalled_at = time.monotonic()
+            _stall(cluster, True)
+            while time.monotonic() - stalled_at < 5 and not (a.metric("kqp_fleet_fallback") == 1 == b.metric(
+                    "kqp_fleet_fallback")):
+                time.sleep(0.02)
+            engaged_s = time.monotonic() - stalled_at
+            assert engaged_s <= 1.9, engaged_s  # member_timeout + an interval + a read's wait, and the scrapes
+            expected_share = 2 if fallback == "share" else 1
+            assert a.run(lambda: a.server.quotas.share) == expected_share
+            assert "FALLBACK" in a.run(lambda: a.server.ready()[1])
+            time.sleep(4)
+            window = (time.monotonic() - 3.0, time.monotonic())  # after the fallback settled in
+            rate = sum(n for t, n in acked if window[0] <= t <= window[1]) / 3.0
+            _stall(cluster, False)
+            resumed = time.monotonic()
+            while time.monotonic() - resumed < 5 and (a.metric("kqp_fleet_fallback") or b.metric("kqp_fleet_fallback")):
+                time.sleep(0.02)
+            assert a.metric("kqp_fleet_fallback") == 0 == b.metric("kqp_fleet_fallback")
+            assert a.run(lambda: a.server.quotas.share) == 1
+        finally:
+            stop.set()
+            for t in clients:
+                t.join(30)
+        print(f"{fallback}: fallback after {engaged_s:.2f} s; both members together {rate / SMALL_QUOTA:.2f} x quota")
+        assert errors == []  # the clients never noticed
+        if fallback == "share":
+            assert rate <= 1.15 * SMALL_QUOTA, rate / SMALL_QUOTA  # never more than the quota in total
+        else:
+            assert rate >= 1.5 * SMALL_QUOTA, rate / SMALL_QUOTA  # each whole bound here: about 2 x
+        assert a.metric("kqp_fleet_fallbacks_total") == 1
+
+
+# -- members that die and come back ------------------------------------------------------------------
+
+
+def test_a_killed_member_leaves_and_a_restarted_one_does_not_burst(broker):
+    """A member killed with SIGKILL is dropped by the others after member_timeout_ms. A member
+    started while the tenant's window is full of the fleet's usage reads it first: a greedy
+    producer through it gets no fresh burst (a proxy without that history would let about ten
+    windows of quota through at once)."""
+    fleet = proxies(broker, "tenant", 2, fleet=True)
+    late: list[ProxyProcess] = []
+    try:
+        for p in fleet:
+            assert _members_soon(p, 2)
+        topic = fresh_topic(broker, "restart")
+        run([(p.bootstrap, "tenant", topic, 4.0 / RUN_S) for p in fleet])  # 4 s: the window fills up
+        fleet[1].process.kill()
+        fleet[1].process.wait(5)
+        killed_at = time.monotonic()
+        assert _members_soon(fleet[0], 1, timeout_s=FLEET["member_timeout_ms"] / 1000 + 2)
+        left_s = time.monotonic() - killed_at
+        assert left_s >= FLEET["member_timeout_ms"] / 1000 - 0.3, left_s
+        late = proxies(broker, "tenant", 1, fleet=True)
+        assert _ready(late[0])
+        assert late[0].metric_sum("kqp_fleet_members") == 2  # the killed member's history is not a member
+        (after_restart,) = run([(late[0].bootstrap, "tenant", topic, 2.0 / RUN_S)])[0]
+        print(f"member left after {left_s:.2f} s; restarted member admitted {after_restart / QUOTA:.2f} x quota in 2 s")
+        assert after_restart <= 3.0 * QUOTA, after_restart / QUOTA  # a fresh burst would be ~10 x quota
+    finally:
+        for p in fleet + late:
+            p.stop()
