@@ -24,8 +24,9 @@ quotas.fleet).
   counted, shown on ``/healthz`` and ``/readyz`` and in ``kqp_fleet_fallback``; sharing resumes
   by itself once the topic answers again.
 
-Not shared yet: the KIP-936 producer-id quota (its own engine, quotas.producer_ids) is enforced
-per instance.
+The KIP-936 producer-id quota is shared too: new ids admitted by one member take the others'
+tokens for that user (each member's Bloom filter stays its own, so an id seen on one member and
+new on another counts there).
 """
 
 from __future__ import annotations
@@ -45,8 +46,10 @@ from kafka.record import MemoryRecords
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from config.model import FleetConfig
+from quotas.common import PRODUCER_IDS_RATE
 from quotas.fleet import BadReport, FleetMembers, UsageReport, decode_report, encode_report, usage_entries
 from quotas.manager import QuotaManager
+from quotas.producer_ids import ProducerIdQuotaManager
 
 from .cluster import Cluster
 from .dialer import OwnConnection
@@ -71,10 +74,12 @@ class FleetExchange:
     start); ``clock``: the quota engines' clock (ms)."""
 
     def __init__(self, config: FleetConfig, cluster: Cluster, manager: QuotaManager, timeout_s: float,
-                 window_ms: int, clock: Callable[[], int] = _monotonic_ms) -> None:
+                 window_ms: int, clock: Callable[[], int] = _monotonic_ms,
+                 producer_ids: ProducerIdQuotaManager | None = None) -> None:
         self.config = config
         self._cluster = cluster
         self._manager = manager
+        self._producer_ids = producer_ids
         self._timeout_s = timeout_s
         self._window_ms = window_ms
         self._clock = clock
@@ -138,7 +143,10 @@ class FleetExchange:
         interval_s = self.config.sync_interval_ms / 1000
         while True:
             await asyncio.sleep(interval_s)
-            for key, amount in self._manager.take_local_usage(self._clock()):
+            local = self._manager.take_local_usage(self._clock())
+            if self._producer_ids is not None:
+                local += self._producer_ids.take_local_usage()
+            for key, amount in local:
                 self._carry[key] = self._carry.get(key, 0.0) + amount
             report = UsageReport(self.instance_id, self.incarnation, self._seq, int(time.time() * 1000),
                                  self.config.sync_interval_ms, usage_entries(self._carry.items()))
@@ -307,9 +315,14 @@ class FleetExchange:
         self._add(report, now)
 
     def _add(self, report: UsageReport, now: int) -> None:
-        manager = self._manager
+        manager, producer_ids = self._manager, self._producer_ids
         for e in report.entries:
-            if manager.add_remote(e.kind, e.user, e.client_id, e.amount, now):
+            if e.kind == PRODUCER_IDS_RATE:
+                applied = (producer_ids is not None and e.user is not None and e.client_id is None
+                           and producer_ids.add_remote(e.user, e.amount, now))
+            else:
+                applied = manager.add_remote(e.kind, e.user, e.client_id, e.amount, now)
+            if applied:
                 self.remote_applied += 1
             else:
                 self.remote_unknown += 1

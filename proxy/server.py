@@ -140,7 +140,7 @@ class ProxyServer:
             window_ms = int(1000 * max(w.quota_window_num * w.quota_window_size_seconds,
                                        w.controller_quota_window_num * w.controller_quota_window_size_seconds))
             self.fleet = FleetExchange(config.fleet, self.cluster, self.quotas, config.upstream.connect_timeout_s,
-                                       window_ms, now_ms)
+                                       window_ms, now_ms, self.producer_ids)
             self.registry.register(FleetCollector(self.fleet, now_ms))
         self.rules_in_force = config.quotas
         self.client_quotas = ClientQuotasFilter(config.quota_admin, self.quota_store, self)

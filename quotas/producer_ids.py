@@ -74,6 +74,9 @@ class ProducerIdSettings:
 _SLOTS = 256
 
 
+MAX_REMOTE_USERS = 100_000  # users another fleet member may make this instance track
+
+
 class WindowTokens:
     """``quota`` tokens per window; a token spent at ``t`` is back at ``t + window`` (rounded up
     to the end of its slot). Time going backwards counts as no time passing."""
@@ -148,7 +151,8 @@ class ProducerIdStats(NamedTuple):
 
 
 class _UserState:
-    __slots__ = ("resolved", "filter", "tokens", "rate", "last_throttle_ms", "last_throttle_at_ms", "rejected")
+    __slots__ = ("resolved", "filter", "tokens", "rate", "last_throttle_ms", "last_throttle_at_ms", "rejected",
+                 "pending")
 
     def __init__(self, resolved: ResolvedQuota, settings: ProducerIdSettings, now_ms: int) -> None:
         self.resolved = resolved
@@ -158,6 +162,7 @@ class _UserState:
         self.last_throttle_ms = 0
         self.last_throttle_at_ms = now_ms
         self.rejected = 0
+        self.pending = 0  # new ids admitted here since the fleet was last told (quotas.fleet)
 
     def set_quota(self, resolved: ResolvedQuota, settings: ProducerIdSettings) -> None:
         if resolved.quota != self.resolved.quota:
@@ -217,12 +222,9 @@ class ProducerIdQuotaManager:
             return ADMIT
         state = self._users.get(user)
         if state is None:
-            resolved = self._resolver.resolve_user_level(PRODUCER_IDS_RATE, user)
-            if resolved is None:
+            state = self._new_user(user, now_ms)
+            if state is None:
                 return ADMIT
-            state = _UserState(resolved, self.settings, now_ms)
-            self._users[user] = state
-            heapq.heappush(self._due, (now_ms + self.settings.window_ms, user))
         bloom = state.filter
         # Ids seen in the window are refreshed into the newest layer whatever happens next, so
         # a long-lived producer is never new; unseen ones are remembered only if admitted.
@@ -234,6 +236,7 @@ class ProducerIdQuotaManager:
         if wait_ms == 0:
             state.tokens.take(need, now_ms)
             state.rate.record_at(need, now_ms)
+            state.pending += need
             for pid in new:
                 bloom.track(pid, now_ms)
             self.new_ids_total += need
@@ -256,6 +259,43 @@ class ProducerIdQuotaManager:
             state.rejected += 1
             self.rejected_total += 1
         return Decision(False, throttle_ms)
+
+    def _new_user(self, user: str, now_ms: int) -> _UserState | None:
+        resolved = self._resolver.resolve_user_level(PRODUCER_IDS_RATE, user)
+        if resolved is None:
+            return None
+        state = _UserState(resolved, self.settings, now_ms)
+        self._users[user] = state
+        heapq.heappush(self._due, (now_ms + self.settings.window_ms, user))
+        return state
+
+    # -- the fleet (quotas.fleet) ----------------------------------------------------------
+
+    def take_local_usage(self) -> list[tuple[tuple[str, str | None, str | None], float]]:
+        """New ids admitted here per user since the last call, for the fleet's next report."""
+        out: list[tuple[tuple[str, str | None, str | None], float]] = []
+        for user, state in self._users.items():
+            if state.pending:
+                out.append(((PRODUCER_IDS_RATE, user, None), float(state.pending)))
+                state.pending = 0
+        return out
+
+    def add_remote(self, user: str, amount: float, now_ms: int) -> bool:
+        """New ids another member admitted for ``user``: they take this instance's tokens too, so
+        the user's new ids per window are counted fleet-wide (each member's Bloom filter stays its
+        own: an id seen on one member and new on another counts there). False, nothing kept,
+        when no rule gives the user a producer-id quota here, or past MAX_REMOTE_USERS users."""
+        state = self._users.get(user)
+        if state is None:
+            if len(self._users) >= MAX_REMOTE_USERS:
+                return False
+            state = self._new_user(user, now_ms)
+            if state is None:
+                return False
+        n = int(round(amount))
+        state.tokens.take(n, now_ms)
+        state.rate.record_at(n, now_ms)
+        return True
 
     def wait_ms(self, user: str, producer_ids: Sequence[int], now_ms: int) -> int:
         """How long until :meth:`admit` could admit these ids (0: now); charges nothing."""

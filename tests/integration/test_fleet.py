@@ -324,3 +324,55 @@ def test_a_killed_member_leaves_and_a_restarted_one_does_not_burst(broker):
     finally:
         for p in fleet + late:
             p.stop()
+
+
+# -- KIP-936: new producer ids counted across the fleet ------------------------------------------------
+
+PID_QUOTA = 3  # new producer ids per window, every user
+PID_WINDOW_S = 6.0
+
+
+def _restart_loop(bootstrap: str, topic: str, stop: threading.Event, admitted: list) -> None:
+    """A new idempotent librdkafka producer (so a new producer id) for every record."""
+    n = 0
+    while not stop.is_set():
+        result: list[int] = []
+        producer = Producer({"bootstrap.servers": bootstrap, "client.id": f"restart-{n}",
+                             "enable.idempotence": True, "acks": "all", "linger.ms": 1, "message.timeout.ms": 4000})
+        producer.produce(topic, b"r",
+                         on_delivery=lambda err, _m, result=result: result.append(err.code() if err else 0))
+        producer.flush(10)
+        if result == [0]:
+            admitted.append(time.monotonic())
+        n += 1
+
+
+def test_new_producer_ids_are_counted_across_the_fleet(broker):
+    """A librdkafka restart loop through each of three members under producer_ids_rate 3 per 6 s
+    window: new ids admitted in any window at most the quota plus one per member (each member
+    enforcing alone: three times the quota)."""
+    extra = {"quotas": [{"user": "<default>", "producer_ids_rate": PID_QUOTA}],
+             "producer_id_quota": {"producer_id_quota_window_size_seconds": PID_WINDOW_S,
+                                   "producer_id_quota_cache_layer_count": 3},
+             "fleet": FLEET}
+    fleet = [ProxyProcess([broker.bootstrap], extra_config=extra).start() for _ in range(3)]
+    try:
+        for p in fleet:
+            assert _members_soon(p, 3)
+        topic = fresh_topic(broker, "pids")
+        stop, admitted = threading.Event(), []
+        loops = [threading.Thread(target=_restart_loop, args=(p.bootstrap, topic, stop, admitted)) for p in fleet]
+        for t in loops:
+            t.start()
+        time.sleep(14)
+        stop.set()
+        for t in loops:
+            t.join(30)
+        times = sorted(admitted)
+        most = max((sum(1 for u in times if t <= u < t + PID_WINDOW_S - 0.5) for t in times), default=0)
+        print(f"new producer ids admitted: {len(times)} in 14 s, at most {most} in a window")
+        assert 2 <= most <= PID_QUOTA + len(fleet), most
+        assert sum(p.metric_sum("kqp_fleet_remote_entries_total") for p in fleet) > 0
+    finally:
+        for p in fleet:
+            p.stop()

@@ -264,3 +264,20 @@ def test_pacing_leaves_a_principal_on_one_member_its_whole_quota():
     alone = greedy_fleet(1, 30.0)
     in_fleet = greedy_fleet(3, 30.0, clients=1)
     assert 0.95 <= in_fleet / alone <= 1.0, (alone, in_fleet)
+
+
+def test_new_producer_ids_admitted_on_one_member_take_the_others_tokens():
+    from quotas import PRODUCER_IDS_RATE
+    from quotas.producer_ids import ProducerIdQuotaManager
+
+    rules = [QuotaRule("alice", None, {PRODUCER_IDS_RATE: 4})]
+    a, b = ProducerIdQuotaManager(rules), ProducerIdQuotaManager(rules)
+    assert a.admit("alice", [1, 2, 3], 0).admitted
+    usage = a.take_local_usage()
+    assert usage == [((PRODUCER_IDS_RATE, "alice", None), 3.0)] and a.take_local_usage() == []
+    for (_, user, _), amount in usage:
+        assert b.add_remote(user, amount, 10)
+    assert b.admit("alice", [10], 20).admitted  # the fourth new id of the fleet
+    assert not b.admit("alice", [11], 30).admitted  # the fifth: over the quota fleet-wide
+    assert b.take_local_usage() == [((PRODUCER_IDS_RATE, "alice", None), 1.0)]  # remote ids are not reported
+    assert not b.add_remote("bob", 1, 40)  # no producer-id quota for bob here
