@@ -68,9 +68,11 @@ class PartitionProducer:
 
     def __init__(self, topic: str, dialer: BrokerDialer, timeout_s: float,
                  leader: Callable[[], Awaitable[tuple[str, int]]], inspect: Callable[[Any], object],
-                 partition: int = 0) -> None:
+                 partition: int = 0, compression_type: int = 0) -> None:
         self.topic = topic
         self.partition = partition
+        self.compression_type = compression_type  # Kafka's codec ids: 0 none, 1 gzip
+        self.last_batch_bytes = 0  # the last batch sent, as it went on the wire
         self._dialer = dialer
         self._timeout_s = timeout_s
         self._leader = leader  # where the partition's leader is now (a Metadata request)
@@ -87,7 +89,7 @@ class PartitionProducer:
         if check_topic:
             self._inspect(await topic_metadata(conn, [self.topic], []))
         producer_id, epoch, sequence = self.state or (-1, -1, 0)
-        builder = MemoryRecordsBuilder(2, 0, 1 << 30, producer_id=producer_id, producer_epoch=epoch,
+        builder = MemoryRecordsBuilder(2, self.compression_type, 1 << 30, producer_id=producer_id, producer_epoch=epoch,
                                        base_sequence=sequence if producer_id >= 0 else -1)
         now_ms = int(time.time() * 1000)
         for key, value in records:
@@ -97,7 +99,9 @@ class PartitionProducer:
         if version < 3:
             raise StoreError(f"the broker offers no Produce version >= 3 ({version})", retriable=False)
         T = ProduceRequest[version].TopicProduceData
-        part_data = T.PartitionProduceData(index=self.partition, records=bytes(builder.buffer()))
+        batch = bytes(builder.buffer())
+        self.last_batch_bytes = len(batch)
+        part_data = T.PartitionProduceData(index=self.partition, records=batch)
         data = T(name=self.topic, partition_data=[part_data])
         resp = await conn.round_trip(ProduceRequest[version](transactional_id=None, acks=-1,
                                                              timeout_ms=int(self._timeout_s * 1000),
