@@ -12,6 +12,8 @@ other; for round trips, each intermediary runs again in front of one shared brok
   tansu-proxy        Tansu's Rust proxy, ``tansu proxy``
   proxy-with-quotas  this project with quotas on every client, set so high they never throttle
                      (byte, request, mutation, record and batch rates, and producer ids)
+  proxy-fleet        proxy-with-quotas with ``fleet`` on (a fleet of one: the usage reports every
+                     250 ms, every request's usage counted for them)
   proxy-usage-log    this project, no quotas, with the usage log on (one Parquet file a second
                      into the run's workdir; Fetch responses' records counted)
   byte-pump-tls      the byte pump terminating TLS towards the clients (uvloop's TLS layer),
@@ -46,11 +48,14 @@ from .procs import CpuClock, Launcher, Proc, raise_nofile, rss_kib, system_busy_
 from .tls import BenchPki, make_pki
 
 CONFIGS = ("direct", "byte-pump", "kafka-quota-proxy", "tansu-proxy", "proxy-with-quotas", "proxy-usage-log",
-           "byte-pump-tls", "kafka-quota-proxy-tls")
+           "byte-pump-tls", "kafka-quota-proxy-tls", "proxy-fleet")
 # TLS between the client and the intermediary (plaintext to the broker); compared with each
 # other as the plaintext pump and proxy are.
 TLS_CONFIGS = ("byte-pump-tls", "kafka-quota-proxy-tls")
 BASELINE = "proxy-baseline"  # only with --baseline
+# proxy-with-quotas, sharing its usage through the fleet's topic every 250 ms (a fleet of one:
+# what the sync costs an instance, with every request's usage counted for the reports).
+FLEET_ON = "fleet:\n  enabled: true\n"
 _baseline_checkout: Path | None = None
 # Every client of the benchmark falls under these quotas, set far above what it can reach, so
 # each request pays for the quota decisions without ever being throttled.
@@ -135,6 +140,8 @@ def start_intermediary(launcher: Launcher, name: str, broker: tuple[str, int], p
         return launcher.our_proxy(broker, name=name, tls=_tls(name, pki))
     if name == "proxy-with-quotas":
         return launcher.our_proxy(broker, name=name, extra_yaml=QUOTAS_NOT_EXCEEDED)
+    if name == "proxy-fleet":
+        return launcher.our_proxy(broker, name=name, extra_yaml=QUOTAS_NOT_EXCEEDED + FLEET_ON)
     if name == "proxy-usage-log":
         return launcher.our_proxy(broker, name=name, extra_yaml=usage_log_yaml(launcher.workdir / "usage"))
     if name == "tansu-proxy":
@@ -520,6 +527,10 @@ def derived(results: dict[str, dict]) -> dict:
     for key in ("produce_100B", "produce_1KiB"):
         pq, pd = _get(quota, (key, "records_per_s")), _get(direct, (key, "records_per_s"))
         out[f"{key} proxy-with-quotas/direct"] = {"value": pq / pd if pq and pd else None, "target": ">= 0.85"}
+    fleet = results.get("proxy-fleet", {})
+    for key in ("produce_100B", "produce_1KiB", "consume_100B", "consume_1KiB"):
+        on, off = _get(fleet, (key, "records_per_s")), _get(quota, (key, "records_per_s"))
+        out[f"fleet on/off {key.replace('_', ' ')}"] = {"value": on / off if on and off else None, "target": ">= 0.97"}
     usage = results.get("proxy-usage-log", {})
     for key in ("produce_100B", "produce_1KiB", "consume_1KiB"):
         on, off = _get(usage, (key, "records_per_s")), _get(proxy, (key, "records_per_s"))

@@ -30,6 +30,7 @@ from quotas.common import (
     USER_LEVEL_ONLY_KINDS,
     Decision,
     ShadowDecision,
+    round_ms,
 )
 from quotas.entities import (
     DEFAULT_IDLE_MS,
@@ -75,6 +76,8 @@ class _State:
         "last_throttle_at_ms",
         "pending",
         "reported",
+        "remote",
+        "local_share",
     )
 
     def __init__(self, resolved: ResolvedQuota, rate: WindowedRate, now_ms: int) -> None:
@@ -86,6 +89,8 @@ class _State:
         self.last_throttle_at_ms = now_ms
         self.pending = 0.0  # charged here since the fleet was last told (quotas.fleet)
         self.reported = 0.0  # what the last report told, maybe not read by the others yet
+        self.remote = 0.0  # the other members' usage read since the last report
+        self.local_share = 1.0  # this instance's part of the fleet's recent usage (moving average)
 
     def set_quota(self, resolved: ResolvedQuota, share: int = 1) -> None:
         """The rule's bound, divided by ``share`` (the fleet's fallback: a bound per instance)."""
@@ -94,6 +99,7 @@ class _State:
 
     def add_remote_at(self, amount: float, now_ms: int) -> None:
         """Another fleet member's usage, into the same samples as this instance's own."""
+        self.remote += amount
         self.rate.record_at(amount, now_ms)
 
     def remaining_throttle_ms_at(self, now_ms: int) -> int:
@@ -156,6 +162,7 @@ class _BucketState(_State):
 
     def add_remote_at(self, amount: float, now_ms: int) -> None:
         # KIP-599's bucket is debited by what the other members admitted.
+        self.remote += amount
         self.rate.record_at(amount, now_ms)
         self.bucket.record_at(amount, now_ms)
 
@@ -174,6 +181,7 @@ class _BucketState(_State):
 
 
 _MISS = object()  # not in the resolution cache (None there means: no rule applies)
+_SHARE_WEIGHT = 0.1  # of one sync interval in the moving average of an instance's share
 
 
 class QuotaManager:
@@ -267,8 +275,8 @@ class QuotaManager:
         if now_ms > state.last_used_ms:
             state.last_used_ms = now_ms
         throttle_ms = state.record_and_throttle_at(amount, now_ms)
-        if self._members > 1 and throttle_ms < self._sync_interval_ms and type(state) is _RateState:
-            throttle_ms = max(throttle_ms, self._paced_ms(state, now_ms))
+        if self._members > 1 and type(state) is _RateState:
+            throttle_ms = self._fleet_throttle_ms(state, throttle_ms, now_ms)
         if throttle_ms:
             state.last_throttle_ms = throttle_ms
             state.last_throttle_at_ms = now_ms
@@ -403,6 +411,11 @@ class QuotaManager:
                 state.reported = pending
             else:
                 state.reported = 0.0
+                pending = 0.0
+            total = pending + state.remote
+            if total > 0:  # this interval's part, into a moving average (about ten intervals)
+                state.local_share += _SHARE_WEIGHT * (pending / total - state.local_share)
+            state.remote = 0.0
         return out
 
     def add_remote(self, kind: str, user: str | None, client_id: str | None, amount: float, now_ms: int) -> bool:
@@ -431,18 +444,49 @@ class QuotaManager:
         self._members = max(1, int(members))
         self._sync_interval_ms = sync_interval_ms
 
-    def _paced_ms(self, state: _RateState, now_ms: int) -> int:
-        """The fleet's burst pacing: what the others may not have read yet (this interval's usage
-        and the last report's, still on its way) is at most this instance's share of what the
-        window still allows (a greedy client starting on every member at once would otherwise
-        get one whole burst per member before the first reports are read), and never less than
-        the quota's rate for those two intervals (so a principal on one instance keeps its whole
-        quota). Over that, a throttle until the next report."""
+    def _fleet_throttle_ms(self, state: _RateState, throttle_ms: int, now_ms: int) -> int:
+        """Kafka's throttle on the fleet's rate, stretched by this instance's share of the
+        principal's recent usage; then the burst pacing (:meth:`_paced_ms`).
+
+        Kafka's formula gives the wait after which the rate is back at the bound if nothing more
+        is recorded; each of N members' clients waiting that long would then send again at
+        once, N requests where one fits. So a member carrying a part f of the fleet's usage
+        throttles ``throttle / f`` (f at least 1 / members): a principal on one member (f = 1)
+        gets Kafka's throttle, three even members three times it each, and together the rate
+        Kafka's formula aims at."""
+        if throttle_ms:
+            share = max(state.local_share, 1 / self._members)
+            throttle_ms = min(round_ms(throttle_ms / share), state.max_throttle_ms)
+        if throttle_ms < self._sync_interval_ms:
+            throttle_ms = max(throttle_ms, self._paced_ms(state, now_ms))
+        return throttle_ms
+
+    def paced_ms(self, user: str, client_id: str, kind: str, amount: float, now_ms: int) -> int:
+        """How long to hold a request of ``amount`` before charging it, so that it does not take
+        this instance past its part of the fleet's burst (:meth:`_paced_ms`, the request counted
+        before it is admitted); 0 outside a fleet, or when it fits. Charges nothing."""
+        if self._members <= 1:
+            return 0
+        state = self._entity(user, client_id, kind, now_ms)
+        if type(state) is not _RateState:
+            return 0
+        return self._paced_ms(state, now_ms, amount)
+
+    def _paced_ms(self, state: _RateState, now_ms: int, amount: float = 0.0) -> int:
+        """The fleet's burst pacing: while the window still holds more than the quota's rate for
+        two sync intervals per member, what the others may not have read yet (this interval's
+        usage and the last report's, still on its way, and ``amount`` about to be admitted) is
+        at most this instance's share (1 / members) of it: a greedy client starting on every
+        member at once would otherwise get one whole burst per member before the first reports
+        are read. Below that there is no burst to share, and Kafka's throttle holds the rate. Over
+        it, the wait until the next report."""
         rate = state.rate
         window_ms = rate.window_ms_at(now_ms)
         headroom = state.quota * window_ms / 1000 - rate.total_at(now_ms)
-        allowance = max(headroom / self._members, state.quota * 2 * self._sync_interval_ms / 1000)
-        if state.pending + state.reported <= allowance:
+        allowance = headroom / self._members
+        if allowance <= state.quota * 2 * self._sync_interval_ms / 1000:
+            return 0  # no burst left to share: Kafka's throttle (stretched by the share) holds the rate
+        if state.pending + state.reported + amount <= allowance:
             return 0
         wait_ms = self._next_sync_ms - now_ms
         return wait_ms if wait_ms > 0 else 1

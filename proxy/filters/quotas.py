@@ -1,10 +1,12 @@
 """Rate quotas: request_rate on every request, producer_byte_rate on Produce, consumer_byte_rate
 on Fetch and ShareFetch responses. Record, then check (Kafka's Sensor.record with checkQuotas);
 the throttle is part of the decision (Forward) and becomes the response's throttle_time_ms and a
-mute."""
+mute. In a fleet (proxy.fleet), a Produce that would take this member past its part of a burst is
+held until the next usage report instead (QuotaManager.paced_ms)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from protocol.apis import ApiKey
@@ -13,8 +15,10 @@ from protocol.headers import response_body_offset
 from protocol.share_fetch import cap_share_fetch_bytes
 from quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, REQUEST_RATE, QuotaManager
 
-from .api import FilterSpec, Forward
+from .api import Defer, FilterSpec, Forward
 from .shadow import shadow_throttled
+
+_MAX_PACED_WAITS = 4  # a fleet member holds a Produce for at most this many sync intervals
 
 
 def now_ms() -> int:
@@ -43,6 +47,24 @@ class RateQuotaFilter:
             return None
         user, client_id = ctx.session.principal, header.client_id or ""
         now = self.clock()
+        if header.api_key == ApiKey.PRODUCE and manager.paced_ms(user, client_id, PRODUCER_BYTE_RATE, len(frame),
+                                                                 now):
+            return Defer(self._paced(ctx, header, frame, entry, user, client_id))
+        return self._charged(ctx, header, frame, entry, user, client_id, now)
+
+    async def _paced(self, ctx, header, frame, entry, user: str, client_id: str):
+        """A fleet member holds a Produce that would take it past its part of a burst until the
+        others have heard of what it admitted (the next report; at most _MAX_PACED_WAITS of them),
+        rather than forwarding it and throttling after: see QuotaManager.paced_ms."""
+        for _ in range(_MAX_PACED_WAITS):
+            wait_ms = self.manager.paced_ms(user, client_id, PRODUCER_BYTE_RATE, len(frame), self.clock())
+            if not wait_ms:
+                break
+            await asyncio.sleep(wait_ms / 1000)
+        return self._charged(ctx, header, frame, entry, user, client_id, self.clock())
+
+    def _charged(self, ctx, header, frame, entry, user: str, client_id: str, now: int):
+        manager = self.manager
         decided = manager.check_and_record(user, client_id, REQUEST_RATE, 1, now)
         throttle = decided.throttle_ms
         if throttle and decided.shadow:

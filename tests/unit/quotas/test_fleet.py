@@ -225,8 +225,9 @@ def test_the_share_fallback_divides_every_bound_and_comes_back_whole():
 def greedy_fleet(members: int, seconds: float, request: int = 100_000, sync_ms: int = 250, quota: float = 1e6,
                  clients: int | None = None) -> float:
     """``clients`` greedy clients (one per member, default every member) sending ``request`` bytes
-    as soon as their throttle ends, members exchanging usage every ``sync_ms`` (read one
-    interval later); the bytes admitted in all."""
+    as soon as their throttle ends (held first while QuotaManager.paced_ms asks, as the rate
+    filter does), members exchanging usage every ``sync_ms`` (read half an interval later); the
+    bytes admitted in all."""
     ms = [QuotaManager([QuotaRule("alice", None, {PRODUCER_BYTE_RATE: quota})]) for _ in range(members)]
     for m in ms:
         m.set_fleet(members, sync_ms)
@@ -236,6 +237,10 @@ def greedy_fleet(members: int, seconds: float, request: int = 100_000, sync_ms: 
     for now in range(0, int(seconds * 1000), 5):
         for i, t in enumerate(free_at):
             if now >= t:
+                held_ms = ms[i].paced_ms("alice", "x", PRODUCER_BYTE_RATE, request, now)
+                if held_ms:  # the filter holds the request (proxy.filters.quotas)
+                    free_at[i] = now + held_ms
+                    continue
                 decision = ms[i].check_and_record("alice", "x", PRODUCER_BYTE_RATE, request, now)
                 admitted += request
                 free_at[i] = now + max(decision.throttle_ms, 5)
