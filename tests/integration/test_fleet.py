@@ -98,9 +98,9 @@ def run(loads: list[tuple[str, str, str, float]]) -> list[list[int]]:
 
 
 # What the fleet lets three greedy producers through together, against one producer through one
-# proxy alone. Measured here (four runs): 1.06-1.15; each instance enforcing alone gives about
-# 3 x. The bound is 0.8-1.1: what is left is one request per member past the paced
-# burst, and the sync lag (see README, "One quota for the fleet").
+# proxy alone. Measured here (six runs at 250 ms): 0.95-1.13; each instance enforcing alone gives
+# about 3 x. Held to 1.25 for now, where 0.8-1.1 is the aim: what is left is the sync lag and
+# where Kafka's sawtooth of bursts falls in the 30 s (see README, "One quota for the fleet").
 FLEET_AT_MOST = 1.25
 
 
