@@ -384,20 +384,16 @@ class ProxyServer:
         """Readiness (``/readyz``): serving, a broker known, and a metadata refresh answered
         within two refresh intervals (plus a connect timeout): see proxy.readiness."""
         ready, detail = self._readiness.check(self.health()[0])
-        if self.topic_store is not None:
-            loaded, store = self.topic_store.state()
-            if not loaded:
-                detail = ("not ready: " if ready else detail + "; ") + store
+        # The quota store read once, the fleet's usage inside the window read once.
+        for part in (self.topic_store, self.fleet):
+            if part is None:
+                continue
+            done, line = part.state()
+            if not done:
+                detail = ("not ready: " if ready else detail + "; ") + line
                 ready = False
             else:
-                detail += "; " + store
-        if self.fleet is not None:
-            shared, fleet = self.fleet.state()
-            if not shared:
-                detail = ("not ready: " if ready else detail + "; ") + fleet
-                ready = False
-            else:
-                detail += "; " + fleet
+                detail += "; " + line
         return ready, detail
 
     async def stop(self) -> None:
