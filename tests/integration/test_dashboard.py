@@ -60,7 +60,8 @@ def test_every_metric_the_dashboard_queries_is_exported(tansu, tmp_path):
                                                    {"user": "canary", "request_rate": 100,
                                                     "producer_ids_rate": 10, "mode": "shadow"}],
                         usage_log={"directory": str(tmp_path / "usage"), "interval_seconds": 1},
-                        quota_admin={"enabled": True, "principals": ["ANONYMOUS"]}) as proxy:
+                        quota_admin={"enabled": True, "principals": ["ANONYMOUS"]},
+                        fleet={"enabled": True}) as proxy:
         text = proxy.metrics_text()
     scraped = exported(text)
     queried = {(title, name) for title, expr in expressions() for name in re.findall(r"\bkqp_[a-z0-9_]+", expr)}
