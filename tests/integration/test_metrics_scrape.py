@@ -120,5 +120,7 @@ def test_the_latency_the_proxy_adds_is_the_latency_less_the_brokers_time(tansu):
         latency = p.metric("kqp_request_latency_seconds_sum", api="Fetch")
         upstream = p.metric("kqp_request_upstream_seconds_total", api="Fetch")
         assert p.metric("kqp_request_latency_seconds_count", api="Fetch") == 3
-    assert 0.2 < upstream <= latency <= took  # Tansu holds an empty fetch for part of max_wait_ms
+    # Tansu holds an empty fetch for part of max_wait_ms. The proxy stops its clock after the write
+    # returns, which may be after the client has read the answer: latency may pass took by a hair.
+    assert 0.2 < upstream <= latency <= took + 0.05
     assert latency - upstream < 0.1  # what the proxy added to three round trips
