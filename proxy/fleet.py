@@ -86,6 +86,8 @@ class FleetExchange:
         self._clock = clock
         self.instance_id = config.instance_id or ""
         self.incarnation = secrets.randbits(63)
+        self._started_at_ms = int(time.time() * 1000)  # wall clock: what reports carry
+        self.id_conflicts = 0  # reports of another live instance using this instance's id
         self.members = FleetMembers(config.member_timeout_ms)
         self.loaded = asyncio.Event()  # the usage inside the window read once
         self.fallback = False
@@ -306,6 +308,12 @@ class FleetExchange:
             return  # our own: already in our samples
         if report.instance_id == self.instance_id:
             # A former incarnation of this instance (a restart): its usage still counts; it is not a member.
+            if report.sent_at_ms > self._started_at_ms:  # no former incarnation writes after we started
+                self.id_conflicts += 1
+                self._cluster.dialer.log_failure(
+                    "fleet_instance_id", logging.WARNING, "fleet topic %s: another running instance reports as "
+                    "%s (its usage counts, but the fleet miscounts its members): give each a fleet.instance_id "
+                    "of its own", self.config.topic, self.instance_id)
             self._add(report, now)
             return
         if time.time() * 1000 - report.sent_at_ms >= self.config.member_timeout_ms:
@@ -457,3 +465,5 @@ class FleetCollector:
         yield sync
         yield CounterMetricFamily("kqp_fleet_remote_entries", "Other members' usage entries applied here",
                                   value=f.remote_applied)
+        yield CounterMetricFamily("kqp_fleet_instance_id_conflicts", "Reports from another running instance "
+                                  "with this instance's fleet.instance_id", value=f.id_conflicts)

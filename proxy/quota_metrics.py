@@ -145,10 +145,12 @@ class QuotaCollector(Collector):
     """Rate, bound, tokens and throttle per quota entity (within the series budget), and the
     throttle / rejection counters per kind."""
 
-    def __init__(self, manager: QuotaManager, clock_ms, max_entity_series: int = DEFAULT_MAX_ENTITY_SERIES) -> None:
+    def __init__(self, manager: QuotaManager, clock_ms, max_entity_series: int = DEFAULT_MAX_ENTITY_SERIES,
+                 fleet: bool = False) -> None:
         self._manager = manager
         self._clock_ms = clock_ms
         self._max_entity_series = max_entity_series  # without a Scrape (which brings its own)
+        self._fleet = fleet  # kqp_quota_rate is the fleet's: this instance's part beside it
         self._keys = KeySnapshot()
 
     def collect(self):
@@ -185,7 +187,8 @@ class QuotaCollector(Collector):
         throttle_ms = state.remaining_throttle_ms_at(now_ms)
         rate = state.rate.rate_at(now_ms)
         quota = state.quota
-        return key[0], activity(throttle_ms, rate, quota), (rate, quota, state.tokens_at(now_ms), throttle_ms)
+        local = state.local_rate_at(now_ms) if self._fleet else None
+        return key[0], activity(throttle_ms, rate, quota), (rate, quota, state.tokens_at(now_ms), throttle_ms, local)
 
     def _entity_steps(self, budget: int) -> Steps:
         # quotas/ offers entity_stats() (every entity in one go: too long for the event loop at
@@ -198,7 +201,10 @@ class QuotaCollector(Collector):
 
 
 def _quota_families(folded: Folded) -> Steps:
-    rate = GaugeMetricFamily("kqp_quota_rate", "Observed rate per second over the quota window", labels=_LABELS)
+    rate = GaugeMetricFamily("kqp_quota_rate", "Observed rate per second over the quota window (with fleet on: "
+                             "the fleet's, what the quota holds)", labels=_LABELS)
+    local_rate = GaugeMetricFamily(
+        "kqp_quota_local_rate", "This instance's part of kqp_quota_rate (exported with fleet on)", labels=_LABELS)
     bound = GaugeMetricFamily("kqp_quota_bound", "The quota in force (per second)", labels=_LABELS)
     tokens = GaugeMetricFamily(
         "kqp_quota_tokens", "Token-bucket tokens left (negative: debt), KIP-599", labels=_LABELS
@@ -210,10 +216,12 @@ def _quota_families(folded: Folded) -> Steps:
         (([kind, user or "", client_id or ""], values) for (kind, user, client_id), values in folded.shown),
         (([kind, OTHER, OTHER], sums) for kind, sums in sorted(folded.other.items())),
     )
-    for i, (labels, (r, q, t, ms)) in enumerate(rows):
-        if i % (SAMPLES_PER_STEP // 4) == 0:
+    for i, (labels, (r, q, t, ms, local)) in enumerate(rows):
+        if i % (SAMPLES_PER_STEP // 5) == 0:
             yield
         rate.add_metric(labels, r)
+        if local is not None:
+            local_rate.add_metric(labels, local)
         bound.add_metric(labels, q)
         throttle.add_metric(labels, ms)
         if t is not None:
@@ -227,7 +235,7 @@ def _quota_families(folded: Folded) -> Steps:
         shown[kind] = shown.get(kind, 0) + 1
     for kind, n in sorted(folded.counts.items()):
         folded_entities.add_metric([kind], n - shown.get(kind, 0))
-    return [rate, bound, tokens, throttle, folded_entities]
+    return [rate, local_rate, bound, tokens, throttle, folded_entities]
 
 
 # -- producer-id users (KIP-936) --------------------------------------------------------------

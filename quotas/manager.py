@@ -78,6 +78,7 @@ class _State:
         "reported",
         "remote",
         "local_share",
+        "remote_rate",
     )
 
     def __init__(self, resolved: ResolvedQuota, rate: WindowedRate, now_ms: int) -> None:
@@ -91,6 +92,7 @@ class _State:
         self.reported = 0.0  # what the last report told, maybe not read by the others yet
         self.remote = 0.0  # the other members' usage read since the last report
         self.local_share = 1.0  # this instance's part of the fleet's recent usage (moving average)
+        self.remote_rate: WindowedRate | None = None  # the other members' part of ``rate``, once they had any
 
     def set_quota(self, resolved: ResolvedQuota, share: int = 1) -> None:
         """The rule's bound, divided by ``share`` (the fleet's fallback: a bound per instance)."""
@@ -98,9 +100,24 @@ class _State:
         self.quota = resolved.quota / share
 
     def add_remote_at(self, amount: float, now_ms: int) -> None:
-        """Another fleet member's usage, into the same samples as this instance's own."""
+        """Another fleet member's usage, into the same samples as this instance's own (and into
+        ``remote_rate``, per report, never per request, so the local part can be told apart)."""
         self.remote += amount
         self.rate.record_at(amount, now_ms)
+        remote_rate = self.remote_rate
+        if remote_rate is None:
+            remote_rate = self.remote_rate = WindowedRate(self.rate.window_num, self.rate.window_size_ms)
+        remote_rate.record_at(amount, now_ms)
+
+    def local_rate_at(self, now_ms: int) -> float:
+        """This instance's part of ``rate``: all of it outside a fleet. The two rates' samples
+        start at different moments, so the part is the remote total's share of the window's."""
+        rate = self.rate.rate_at(now_ms)
+        if self.remote_rate is None or rate <= 0:
+            return rate
+        total = self.rate.total_at(now_ms)
+        local = total - self.remote_rate.total_at(now_ms)
+        return rate * local / total if local > 0 else 0.0
 
     def remaining_throttle_ms_at(self, now_ms: int) -> int:
         # AbstractControllerMutationQuota.throttleTime: the last throttle minus the time since.
@@ -162,8 +179,7 @@ class _BucketState(_State):
 
     def add_remote_at(self, amount: float, now_ms: int) -> None:
         # KIP-599's bucket is debited by what the other members admitted.
-        self.remote += amount
-        self.rate.record_at(amount, now_ms)
+        super().add_remote_at(amount, now_ms)
         self.bucket.record_at(amount, now_ms)
 
     def tokens_at(self, now_ms: int) -> float | None:

@@ -199,7 +199,29 @@ def _ready(p: ProxyProcess, timeout_s: float = 15.0) -> bool:
     return False
 
 
-
+def test_two_running_instances_with_one_instance_id_are_told_apart_and_warned_about(broker):
+    """Two instances configured with the same ``fleet.instance_id`` (a copied config): each reads
+    the other's reports as its own id's; their usage still counts, and each says so, once per
+    interval of the rate-limited log, and in kqp_fleet_instance_id_conflicts_total."""
+    extra = {"fleet": dict(FLEET, instance_id="copied")}
+    pair = [ProxyProcess([broker.bootstrap], extra_config=extra).start() for _ in range(2)]
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not all(
+                p.metric_sum("kqp_fleet_instance_id_conflicts_total") > 0 for p in pair):
+            time.sleep(0.1)
+        for p in pair:
+            assert p.metric_sum("kqp_fleet_instance_id_conflicts_total") > 0
+            assert "another running instance reports as copied" in p.log_text()
+        lone = ProxyProcess([broker.bootstrap], extra_config={"fleet": dict(FLEET, instance_id="own")}).start()
+        try:
+            assert _members_soon(lone, 2)  # the two count as one member: they share one id
+            assert lone.metric_sum("kqp_fleet_instance_id_conflicts_total") == 0
+        finally:
+            lone.stop()
+    finally:
+        for p in pair:
+            p.stop()
 
 
 # -- the usage topic out of reach: the fallback ------------------------------------------------------

@@ -222,3 +222,21 @@ async def scrape_while_pinging(endpoint: MetricsEndpoint, scrapes: int) -> tuple
         echo_w.close()
         server.close()
     return round_trips_s, text
+
+
+def test_with_fleet_on_each_entity_shows_the_fleets_rate_and_this_instances_part():
+    m = per_client_quota(producer_byte_rate=1000.0)
+    m.check_and_record("", "shared", PRODUCE, 3000.0, NOW_MS)
+    assert m.add_remote(PRODUCE, None, "shared", 9000.0, NOW_MS)  # the other members' part
+    m.check_and_record("", "alone", PRODUCE, 500.0, NOW_MS)
+    alone_without_fleet = CollectorRegistry()
+    alone_without_fleet.register(QuotaCollector(m, clock))
+    registry = CollectorRegistry()
+    registry.register(QuotaCollector(m, clock, fleet=True))
+
+    got = samples(scrape_text(registry, budget=5))
+
+    shared, alone = (PRODUCE, "", "shared"), (PRODUCE, "", "alone")
+    assert got["kqp_quota_local_rate"][shared] == pytest.approx(got["kqp_quota_rate"][shared] / 4)
+    assert got["kqp_quota_local_rate"][alone] == pytest.approx(got["kqp_quota_rate"][alone])
+    assert "kqp_quota_local_rate" not in samples(scrape_text(alone_without_fleet, budget=5))
