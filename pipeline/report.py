@@ -50,6 +50,7 @@ class Outputs:
     files: dict[str, Path] = field(default_factory=dict)
     rows: int = 0
     headlines: list[str] = field(default_factory=list)
+    fleet: list[str] = field(default_factory=list)  # how the proxies enforced: fleets, and what that means
     outliers: list = field(default_factory=list)  # outliers.Flag, one per flagged (principal, kind)
     seconds: dict[str, float] = field(default_factory=dict)
 
@@ -103,7 +104,7 @@ def run_report(opts: Options, spark=None) -> Outputs:
         except ValueError as exc:
             raise UsageError(str(exc)) from exc
 
-    from . import demand
+    from . import demand, fleet
     from .html import CHARTS, bar_chart, stacked_chart, write_report
     from .outliers import mark, outlier_rows, replay_outcome
     from .recommend import entity_key, quota_entries, quotas_yaml, recommendations
@@ -145,11 +146,14 @@ def run_report(opts: Options, spark=None) -> Outputs:
             usage = read_usage(spark, opts.usage, since, until)
             stats = usage.agg(F.count("*").alias("rows"), F.min("interval_start").alias("lo"),
                               F.max("interval_start").alias("hi"),
-                              F.countDistinct("user", "client_id").alias("principals")).first()
+                              F.countDistinct("user", "client_id").alias("principals"),
+                              fleet.members_agg().alias("fleets")).first()
             if not stats.rows:
                 raise UsageError(f"no usage rows in {opts.usage}"
                                  + (" between --since and --until" if since or until else ""))
             result.rows = stats.rows
+            fleets = fleet.members(stats.fleets)
+            result.fleet = fleet.notes(fleets)
 
         with progress.step("demand", "demand per principal and interval; percentiles, throttling, top talkers"):
             intervals = demand.interval_demand(usage).cache()
@@ -178,7 +182,9 @@ def run_report(opts: Options, spark=None) -> Outputs:
             comments = {(entity_key(f.verdict.key[0], f.verdict.key[1], f.verdict.kind), f.verdict.kind): f.reason
                         for f in flags}
             text = quotas_yaml(entries, notes, opts.share, opts.headroom, base, (stats.lo, stats.hi), comments,
-                               _outlier_header(rule, flags, outlier_notes))
+                               _outlier_header(rule, flags, outlier_notes)
+                               # The file is what gets applied: it says when its values are per fleet member.
+                               + (result.fleet if fleet.any_fleet(fleets) else []))
             path = out / "recommended-quotas.yaml"
             path.write_text(text, encoding="utf-8")
             try:
@@ -218,6 +224,7 @@ def run_report(opts: Options, spark=None) -> Outputs:
         summary = [
             f"{stats.rows:,} usage rows, {stats.principals:,} principals, {stats.lo:%Y-%m-%d %H:%M} to "
             f"{stats.hi:%Y-%m-%d %H:%M} UTC",
+            *result.fleet,
             f"Recommendation: admit {opts.share:g} of each principal's demand, plus {opts.headroom:.0%} headroom",
         ]
         summary.append(_outlier_header(rule, [], [])[0])
@@ -410,6 +417,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"report: {exc}", file=sys.stderr)
         return 2
     print(f"read {result.rows:,} usage rows")
+    for line in result.fleet:
+        print(line)
     for name, path in result.files.items():
         print(f"{name:>18}: {path}")
     return 0

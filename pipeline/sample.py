@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from usage.schema import ADDED_IN, SCHEMA_VERSION, arrow_schema
+from usage.schema import ADDED_IN, SCHEMA_VERSION, arrow_schema, zero_of
 
 from .generate import (
     CREATE_TOPICS,
@@ -58,8 +58,9 @@ def write_usage(out: str | Path, principals: int, hours: float, interval_s: int,
                 "proxy": np.full(n, f"proxy-{proxy}", dtype=object),
                 **{k: v for k, v in cols.items() if k != "interval_start"},
             }
-            # Nothing is in shadow mode in the sample: its shadow_* columns are 0.
-            table = pa.Table.from_arrays([pa.array(arrays[f.name] if f.name not in ADDED_IN else np.zeros(n, np.int64),
+            # Nothing is in shadow mode in the sample and every proxy enforces alone: the columns
+            # added since version 1 are at their zero (shadow_* 0, fleet "").
+            table = pa.Table.from_arrays([pa.array(arrays[f.name] if f.name not in ADDED_IN else [zero_of(f.name)] * n,
                                                    type=f.type) for f in schema], schema=schema)
             t = datetime.fromtimestamp(hour_start, timezone.utc)
             path = (Path(out) / f"date={t:%Y-%m-%d}" / f"hour={t:%H}"

@@ -10,7 +10,7 @@ import zipfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-from usage.schema import ADDED_IN, COLUMN_NAMES, READABLE_VERSIONS, arrow_schema
+from usage.schema import ADDED_IN, COLUMN_NAMES, READABLE_VERSIONS, arrow_schema, zero_of
 
 from .errors import UsageError
 
@@ -91,7 +91,8 @@ def _check_local(directory: str) -> None:
 
 def read_usage(spark, directory: str, since: datetime | None = None, until: datetime | None = None):
     """The usage log under ``directory`` (files of every proxy), rows in [since, until), as
-    the current schema version: an older file's missing columns read as 0.
+    the current schema version: an older file's missing columns read as their type's zero (0, or
+    "" for ``fleet``: that proxy enforced alone, as every proxy did before fleets).
 
     Raises UsageError naming the file when a file is not readable Parquet, lacks the schema's
     columns, or carries a schema version this report does not read; and when nothing is left
@@ -115,7 +116,7 @@ def read_usage(spark, directory: str, since: datetime | None = None, until: date
         raise UsageError(f"usage log files of an unknown schema version (this report reads versions "
                          f"{', '.join(map(str, READABLE_VERSIONS))}): {listed}")
     for name, version in ADDED_IN.items():
-        df = df.withColumn(name, F.when(F.col("schema_version") < version, F.lit(0)).otherwise(F.col(name))
+        df = df.withColumn(name, F.when(F.col("schema_version") < version, F.lit(zero_of(name))).otherwise(F.col(name))
                            .cast(df.schema[name].dataType))
     if since is not None:
         df = df.where(F.col("interval_start") >= F.lit(since))

@@ -119,7 +119,7 @@ class ProxyServer:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.quotas = quota_manager_for(config)
         self.registry.register(StatsCollector(self.stats))
-        self.registry.register(QuotaCollector(self.quotas, now_ms))
+        self.registry.register(QuotaCollector(self.quotas, now_ms, fleet=config.fleet.enabled))
         self.producer_ids = producer_id_manager_for(config)
         self.limiters = rate_limiters_for(config, self.quotas)
         self.cluster = Cluster(config, self.stats, self._serve_node)
@@ -178,7 +178,8 @@ class ProxyServer:
         if not u.enabled:
             return None, None
         usage = UsageLog(u.directory, u.interval_seconds, u.max_keys_per_interval,
-                         u.proxy_name or socket.gethostname(), u.max_pending_intervals)
+                         u.proxy_name or socket.gethostname(), u.max_pending_intervals,
+                         fleet=config.fleet.topic if config.fleet.enabled else "")
         self.registry.register(UsageLogCollector(usage))
         self.producer_id_observer = ProducerIdObserver(config.producer_id_quota.settings(),
                                                        config.quota_entities.max_live)

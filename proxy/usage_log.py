@@ -1,9 +1,11 @@
 """The usage log: what each principal asked of the cluster, per interval, written as Parquet.
 
-Schema version 1 (one row per interval start, proxy, user, client id and API key; every column
-is documented in ``usage.schema.COLUMNS``). Files land in ``<directory>/date=YYYY-MM-DD/hour=HH/`` (UTC), one
-per flushed interval and proxy run, written under a hidden temporary name and renamed into place,
-so a reader (Spark ignores names starting with ``.``) never sees half a file.
+Schema version ``usage.schema.SCHEMA_VERSION`` (one row per interval start, proxy, user, client id
+and API key; every column is documented in ``usage.schema.COLUMNS``; ``fleet``, the usage topic
+of the fleet this proxy enforced its quotas with, is the same on every row). Files land in
+``<directory>/date=YYYY-MM-DD/hour=HH/`` (UTC), one per flushed interval and proxy run, written
+under a hidden temporary name and renamed into place, so a reader (Spark ignores names starting
+with ``.``) never sees half a file.
 
 Guarantees:
 - the event loop only adds to in-memory counters; Parquet encoding and disk writes happen on
@@ -33,12 +35,20 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 # The schema is ``usage.schema``'s (shared with ``pipeline``); its names stay importable from here.
-from usage.schema import COLUMN_NAMES, COLUMNS, KEY_COLUMNS, OTHER, SCHEMA_VERSION, arrow_schema  # noqa: F401
+from usage.schema import (  # noqa: F401
+    COLUMN_NAMES,
+    COLUMNS,
+    COUNTER_COLUMNS,
+    KEY_COLUMNS,
+    OTHER,
+    SCHEMA_VERSION,
+    arrow_schema,
+)
 
 log = logging.getLogger(__name__)
 
 # Positions of the counters after the key columns, in COLUMNS order.
-_COUNTERS = COLUMN_NAMES[KEY_COLUMNS:]
+_COUNTERS = COUNTER_COLUMNS
 _REQUESTS, _REQ_BYTES, _RESP_BYTES, _RECORDS, _BATCHES, _MUTATIONS, _NEW_PIDS = range(7)
 _THROTTLE_SUM, _THROTTLE_MAX, _THROTTLED, _REJECTED, _UPSTREAM_MS = range(7, 12)
 _SHADOW_SUM, _SHADOW_MAX, _SHADOW_THROTTLED, _SHADOW_REJECTED = range(12, 16)
@@ -132,9 +142,10 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 class UsageLogWriter:
     """Writes intervals as Parquet files; blocking, meant for a worker thread."""
 
-    def __init__(self, directory: str | Path, proxy_name: str) -> None:
+    def __init__(self, directory: str | Path, proxy_name: str, fleet: str = "") -> None:
         self.directory = Path(directory)
         self.proxy_name = proxy_name
+        self.fleet = fleet  # the fleet's usage topic, "" when this proxy enforces alone
         # A restarted proxy may flush the same interval again: its files must not replace these.
         self._run = f"{_UNSAFE.sub('_', proxy_name)}-{secrets.token_hex(4)}"
 
@@ -158,6 +169,7 @@ class UsageLogWriter:
             [k[1] for k in keys],
             [k[2] for k in keys],
             *counters,
+            [self.fleet] * n,
         ]
         schema = arrow_schema()
         table = pa.Table.from_arrays([pa.array(c, type=f.type) for c, f in zip(columns, schema)], schema=schema)
@@ -172,12 +184,14 @@ class UsageLogWriter:
 
 
 class UsageLog:
-    """Owns the aggregator (event loop side) and the writer thread."""
+    """Owns the aggregator (event loop side) and the writer thread. ``fleet``: the usage topic
+    of the fleet the proxy enforces its quotas with (``fleet.topic``), "" when it enforces alone."""
 
     def __init__(self, directory: str | Path, interval_s: int = 10, max_keys: int = 10_000,
-                 proxy_name: str = "proxy", max_pending_intervals: int = 60, clock=time.time) -> None:
+                 proxy_name: str = "proxy", max_pending_intervals: int = 60, clock=time.time,
+                 fleet: str = "") -> None:
         self.aggregator = UsageAggregator(interval_s, max_keys)
-        self.writer = UsageLogWriter(directory, proxy_name)
+        self.writer = UsageLogWriter(directory, proxy_name, fleet)
         self.max_pending_intervals = max_pending_intervals
         self.clock = clock
         self._pending: list[Interval] = []  # drained, not yet written (oldest first)

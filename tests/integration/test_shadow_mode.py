@@ -34,14 +34,14 @@ from protocol.headers import response_body_offset
 from protocol.messages import decode_response
 from tests.support.inproc import InProcessProxy
 from tests.support.wire import read_frame, request_bytes
-from usage.schema import COLUMN_NAMES
+from usage.schema import COUNTER_COLUMNS
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 PRODUCE, FETCH, CREATE_TOPICS = 0, 1, 19
 GAP_S = 3.0  # > 2 windows of 1 s (the purge age), with room: each paced request is measured alone
 WINDOWS = {"quota_window_num": 2, "quota_window_size_seconds": 1}
-COUNTERS = COLUMN_NAMES[7:]
+COUNTERS = COUNTER_COLUMNS
 
 
 class Pair:

@@ -16,14 +16,15 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from proxy.usage_log import COLUMN_NAMES, SCHEMA_VERSION, arrow_schema
+from proxy.usage_log import COUNTER_COLUMNS, SCHEMA_VERSION, arrow_schema
+from tests.support.polling import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 PRODUCE, FETCH, CREATE_TOPICS, DELETE_TOPICS = 0, 1, 19, 20
 RECORDS = 500
 PARTITIONS = 3
-COUNTERS = COLUMN_NAMES[7:]
+COUNTERS = COUNTER_COLUMNS
 
 
 def _usage_config(directory: Path, **extra) -> dict:
@@ -103,6 +104,7 @@ def test_usage_log_counts_what_real_clients_did(tansu, proxy, tmp_path):
 
     rows = _read_usage(usage_dir)
     assert {r["user"] for r in rows} == {"ANONYMOUS"}
+    assert {r["fleet"] for r in rows} == {""}  # enforced alone
     totals = _totals(rows)
     produce = totals[("ANONYMOUS", "usage-producer", PRODUCE)]
     assert produce["records"] == RECORDS
@@ -127,6 +129,30 @@ def test_usage_log_counts_what_real_clients_did(tansu, proxy, tmp_path):
     assert {k[1] for k in totals} == {"usage-admin", "usage-producer", "usage-consumer"}
     assert sum(t["records"] for k, t in totals.items() if k[2] == PRODUCE) == RECORDS
     assert sum(t["new_producer_ids"] for t in totals.values()) == 1
+
+
+def test_a_fleet_member_notes_its_fleets_usage_topic_and_logs_only_its_own_clients(tansu, proxy, tmp_path):
+    """``fleet: {enabled: true}``: every row carries the fleet's usage topic; the fleet's own
+    producer and follower (the proxy's own connections to the topic) are not in the log."""
+    from kafka import KafkaProducer
+
+    usage_dir = tmp_path / "usage"
+    p = proxy([tansu.bootstrap], extra_config=_usage_config(usage_dir, fleet={"enabled": True}))
+    producer = KafkaProducer(bootstrap_servers=p.bootstrap, client_id="fleet-producer", acks="all", linger_ms=5)
+    topic = f"usage-fleet-{uuid.uuid4().hex[:8]}"
+    futures = [producer.send(topic, b"v" * 10) for _ in range(50)]
+    producer.flush(20)
+    assert all(f.get(0).offset >= 0 for f in futures)
+    producer.close()
+    # The fleet's own connections write and read its topic meanwhile (a report every 250 ms).
+    wait_for(lambda: p.metric_sum("kqp_fleet_reports_sent_total") >= 2, what="the fleet's usage reports")
+    _stop_cleanly(p)
+
+    rows = _read_usage(usage_dir)
+    assert {r["fleet"] for r in rows} == {"__kqp_quota_usage"}
+    totals = _totals(rows)
+    assert {k[1] for k in totals} == {"fleet-producer"}
+    assert totals[("ANONYMOUS", "fleet-producer", PRODUCE)]["records"] == 50
 
 
 def test_usage_log_shows_a_rejected_controller_mutation(tansu, proxy, tmp_path):

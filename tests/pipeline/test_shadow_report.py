@@ -137,8 +137,8 @@ def test_a_version_1_file_beside_version_2_files_reads_with_shadow_columns_0(spa
     df = read_usage(spark, str(usage))
     old = df.where("user = 'carol'").collect()
     assert len(old) == 1 and old[0].schema_version == 1
-    assert [old[0][c] for c in ADDED_IN] == [0, 0, 0, 0]
-    assert {df.schema[c].dataType.simpleString() for c in ADDED_IN} == {"bigint", "int"}
+    assert [old[0][c] for c in ADDED_IN] == [0, 0, 0, 0, ""]  # the shadow columns, then fleet (version 3)
+    assert [df.schema[c].dataType.simpleString() for c in ADDED_IN] == ["bigint", "int", "bigint", "bigint", "string"]
 
     result = run_report(Options(usage=str(usage), out=tmp_path / "report", quiet=True), spark)
     t = _throttling(result)

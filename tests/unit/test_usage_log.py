@@ -21,6 +21,7 @@ from config import ConfigError, parse_config
 from config.model import UsageLogConfig
 from proxy.usage_log import (
     COLUMN_NAMES,
+    COUNTER_COLUMNS,
     OTHER,
     SCHEMA_VERSION,
     Interval,
@@ -31,6 +32,7 @@ from proxy.usage_log import (
     arrow_schema,
 )
 from quotas.producer_ids import ProducerIdObserver, ProducerIdSettings
+from usage.schema import ADDED_IN, READABLE_VERSIONS, zero_of
 
 PRODUCE, FETCH, CREATE_TOPICS = 0, 1, 19
 T0 = 1_700_000_000  # 2023-11-14 22:13:20 UTC, a multiple of 10
@@ -38,7 +40,7 @@ T0 = 1_700_000_000  # 2023-11-14 22:13:20 UTC, a multiple of 10
 
 def row(interval: Interval, user: str, client_id: str, api_key: int) -> dict:
     """One aggregated row as {counter column: value}."""
-    return dict(zip(COLUMN_NAMES[7:], interval.rows[(user, client_id, api_key)]))
+    return dict(zip(COUNTER_COLUMNS, interval.rows[(user, client_id, api_key)]))
 
 
 def visible_files(root: Path) -> list[Path]:
@@ -95,7 +97,7 @@ def test_upstream_latency_stays_a_float():
     agg.add(T0, "u", "c", PRODUCE, request_bytes=1)
     agg.add(T0, "v", "c", PRODUCE, request_bytes=1, upstream_ms=0.25)  # the (other) row
     [interval] = agg.drain(None)
-    assert all(isinstance(c[COLUMN_NAMES[7:].index("upstream_latency_ms_sum")], float)
+    assert all(isinstance(c[COUNTER_COLUMNS.index("upstream_latency_ms_sum")], float)
                for c in interval.rows.values())
 
 
@@ -247,7 +249,7 @@ def test_writer_writes_parquet_with_the_schema_and_round_trips_the_values(tmp_pa
     assert pq.read_schema(path).equals(arrow_schema(), check_metadata=True)
     table = pq.read_table(path)
     assert table.schema.equals(arrow_schema(), check_metadata=True)
-    assert table.schema.metadata == {b"kqp.usage.schema_version": b"2"}
+    assert table.schema.metadata == {b"kqp.usage.schema_version": b"3"}
     assert table.column_names == list(COLUMN_NAMES)
     assert all(not f.nullable for f in table.schema)
     assert table.schema.field("interval_start").type == pa.timestamp("ms", tz="UTC")
@@ -259,14 +261,38 @@ def test_writer_writes_parquet_with_the_schema_and_round_trips_the_values(tmp_pa
          "response_bytes": 60, "records": 100, "batches": 2, "partition_mutations": 0, "new_producer_ids": 1,
          "throttle_time_ms_sum": 25, "throttle_time_ms_max": 25, "throttled": 1, "rejected": 0,
          "upstream_latency_ms_sum": 3.5, "shadow_throttle_time_ms_sum": 0, "shadow_throttle_time_ms_max": 0,
-         "shadow_throttled": 0, "shadow_rejected": 0},
+         "shadow_throttled": 0, "shadow_rejected": 0, "fleet": ""},
         {"schema_version": SCHEMA_VERSION, "interval_start": start, "interval_seconds": 10, "proxy": "proxy-a",
          "user": "bob", "client_id": "", "api_key": CREATE_TOPICS, "requests": 1, "request_bytes": 80,
          "response_bytes": 70, "records": 0, "batches": 0, "partition_mutations": 3, "new_producer_ids": 0,
          "throttle_time_ms_sum": 2_000_000_000, "throttle_time_ms_max": 2_000_000_000, "throttled": 1,
          "rejected": 1, "upstream_latency_ms_sum": 0.0, "shadow_throttle_time_ms_sum": 40,
-         "shadow_throttle_time_ms_max": 40, "shadow_throttled": 1, "shadow_rejected": 1},
+         "shadow_throttle_time_ms_max": 40, "shadow_throttled": 1, "shadow_rejected": 1, "fleet": ""},
     ]
+
+
+def test_a_fleet_member_writes_its_fleets_usage_topic_on_every_row(tmp_path):
+    path = UsageLogWriter(tmp_path, "proxy-a", "__kqp_quota_usage").write(_sample_interval())
+    table = pq.read_table(path)
+    assert table.schema.equals(arrow_schema(), check_metadata=True)
+    assert table.column_names[-1] == "fleet"
+    assert table.column("fleet").to_pylist() == ["__kqp_quota_usage"] * 2
+    # The counters are the same as alone: the fleet only names the setting.
+    alone = pq.read_table(UsageLogWriter(tmp_path / "alone", "proxy-a").write(_sample_interval()))
+    assert alone.column("fleet").to_pylist() == ["", ""]
+    assert alone.drop_columns(["fleet"]).to_pylist() == table.drop_columns(["fleet"]).to_pylist()
+
+
+def test_schema_version_3_adds_fleet_after_the_counters_and_older_files_read_it_as_empty():
+    assert SCHEMA_VERSION == 3 and SCHEMA_VERSION in READABLE_VERSIONS and set(READABLE_VERSIONS) == {1, 2, 3}
+    assert COLUMN_NAMES[-1] == "fleet" and "fleet" not in COUNTER_COLUMNS
+    assert COUNTER_COLUMNS == COLUMN_NAMES[7:-1]
+    assert ADDED_IN["fleet"] == 3 and zero_of("fleet") == ""
+    shadow = [c for c in COLUMN_NAMES if c.startswith("shadow_")]
+    assert {c: ADDED_IN[c] for c in shadow} == dict.fromkeys(shadow, 2)
+    assert [zero_of(c) for c in shadow] == [0] * 4
+    # Every column an older file lacks has a zero of its own type.
+    assert {type(zero_of(c)) for c in ADDED_IN} == {int, str}
 
 
 def test_writer_partitions_by_utc_date_and_hour():
@@ -807,3 +833,22 @@ def test_the_proxy_name_defaults_to_the_host_name(tmp_path):
     finally:
         named.usage._executor.shutdown()
     assert ProxyServer(parse_config({"upstream": UPSTREAM})).usage is None
+
+
+@pytest.mark.parametrize(("fleet", "written"), [
+    ({"enabled": True}, "__kqp_quota_usage"),
+    ({"enabled": True, "topic": "edge-usage"}, "edge-usage"),
+    ({"enabled": False, "topic": "edge-usage"}, ""),
+    (None, ""),
+])
+def test_the_proxy_tells_the_usage_log_its_fleets_topic(tmp_path, fleet, written):
+    from proxy.server import ProxyServer
+
+    raw = {"upstream": UPSTREAM, "usage_log": {"directory": str(tmp_path)}}
+    if fleet is not None:
+        raw["fleet"] = fleet
+    server = ProxyServer(parse_config(raw))
+    try:
+        assert server.usage is not None and server.usage.writer.fleet == written
+    finally:
+        server.usage._executor.shutdown()
