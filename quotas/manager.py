@@ -23,6 +23,7 @@ from typing import NamedTuple
 
 from quotas.common import (
     ADMIT,
+    CONSUMER_BYTE_RATE,
     MAX_THROTTLE_MS,
     RATE_KINDS,
     REQUEST_RATE,
@@ -469,11 +470,15 @@ class QuotaManager:
         once, N requests where one fits. So a member carrying a part f of the fleet's usage
         throttles ``throttle / f`` (f at least 1 / members): a principal on one member (f = 1)
         gets Kafka's throttle, three even members three times it each, and together the rate
-        Kafka's formula aims at."""
+        Kafka's formula aims at.
+
+        A Fetch response is never paced: a throttled Fetch is answered empty and its bytes
+        un-recorded (KafkaApis), so a response larger than this member's part of the burst
+        would be emptied again and again while the window never fills (a starved consumer)."""
         if throttle_ms:
             share = max(state.local_share, 1 / self._members)
             throttle_ms = min(round_ms(throttle_ms / share), state.max_throttle_ms)
-        if throttle_ms < self._sync_interval_ms:
+        if throttle_ms < self._sync_interval_ms and state.resolved.kind != CONSUMER_BYTE_RATE:
             throttle_ms = max(throttle_ms, self._paced_ms(state, now_ms))
         return throttle_ms
 
@@ -489,19 +494,23 @@ class QuotaManager:
         return self._paced_ms(state, now_ms, amount)
 
     def _paced_ms(self, state: _RateState, now_ms: int, amount: float = 0.0) -> int:
-        """The fleet's burst pacing: while the window still holds more than the quota's rate for
-        two sync intervals per member, what the others may not have read yet (this interval's
-        usage and the last report's, still on its way, and ``amount`` about to be admitted) is
-        at most this instance's share (1 / members) of it: a greedy client starting on every
-        member at once would otherwise get one whole burst per member before the first reports
-        are read. Below that there is no burst to share, and Kafka's throttle holds the rate. Over
-        it, the wait until the next report."""
+        """The fleet's burst pacing: what the others may not have read yet (this interval's usage
+        and the last report's, still on its way, and ``amount`` about to be admitted) is at most
+        this instance's part (1 / members) of what the window still allows. Greedy clients on
+        every member would otherwise each get what the window allows before the first reports
+        are read: one burst per member at the start, and again each time a sample leaves the
+        window. Over it, the wait until the next report.
+
+        A principal this member carries (almost) alone is paced only while the window holds more
+        than two intervals of quota per member (its start, before the others' reports could say
+        it is alone): below that, Kafka's throttle holds its rate, and it keeps its whole quota."""
         rate = state.rate
         window_ms = rate.window_ms_at(now_ms)
         headroom = state.quota * window_ms / 1000 - rate.total_at(now_ms)
-        allowance = headroom / self._members
-        if allowance <= state.quota * 2 * self._sync_interval_ms / 1000:
-            return 0  # no burst left to share: Kafka's throttle (stretched by the share) holds the rate
+        members = self._members
+        allowance = headroom / members
+        if state.local_share > 1 - 0.5 / members and allowance <= state.quota * 2 * self._sync_interval_ms / 1000:
+            return 0  # alone here and no burst left to share: Kafka's throttle holds the rate
         if state.pending + state.reported + amount <= allowance:
             return 0
         wait_ms = self._next_sync_ms - now_ms

@@ -30,6 +30,9 @@ QUOTA = 1 << 20  # producer_byte_rate, bytes/s
 WINDOWS = {"quota_window_num": 11, "quota_window_size_seconds": 1}  # Kafka's defaults
 RUN_S = 30.0
 RECORD = b"x" * 1000
+# librdkafka batches of at most 64 KiB: a request is 1/16 s of the quota (its default, 1 MB, is a whole
+# second of it: see FLEET_AT_MOST).
+BATCH_BYTES = 64 * 1024
 # KQP_FLEET_SYNC_MS=100|1000 measures the accuracy at another sync interval (README's table).
 FLEET = {"enabled": True, "sync_interval_ms": int(os.environ.get("KQP_FLEET_SYNC_MS", "250")),
          "member_timeout_ms": 2000}
@@ -68,6 +71,7 @@ def greedy(bootstrap: str, client_id: str, topic: str, start: threading.Barrier,
             acked[0] += len(msg.value())
 
     producer = Producer({"bootstrap.servers": bootstrap, "client.id": client_id, "linger.ms": 5,
+                         "batch.size": BATCH_BYTES,
                          "queue.buffering.max.kbytes": 4096, "acks": 1})
     producer.list_topics(topic, timeout=10)
     start.wait(60)
@@ -98,10 +102,11 @@ def run(loads: list[tuple[str, str, str, float]]) -> list[list[int]]:
 
 
 # What the fleet lets three greedy producers through together, against one producer through one
-# proxy alone. Measured here (six runs at 250 ms): 0.95-1.13; each instance enforcing alone gives
-# about 3 x. Held to 1.25 for now, where 0.8-1.1 is the aim: what is left is the sync lag and
-# where Kafka's sawtooth of bursts falls in the 30 s (see README, "One quota for the fleet").
-FLEET_AT_MOST = 1.25
+# proxy alone: the bound. Measured here (64 KiB batches, 250 ms): 1.015-1.026 over three
+# runs, and 0.97-1.04 for every kind of test_fleet_kinds; each instance enforcing alone gives about
+# 3 x. With librdkafka's default 1 MB batches a request is a whole second of this quota, and the
+# reference itself passes the quota by a fourth (Kafka's record-then-check): 0.81-1.01 in three runs.
+FLEET_AT_MOST = 1.1
 
 
 def test_three_proxies_hold_one_producer_byte_rate_across_the_fleet(broker):

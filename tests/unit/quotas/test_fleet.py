@@ -271,6 +271,20 @@ def test_pacing_leaves_a_principal_on_one_member_its_whole_quota():
     assert 0.95 <= in_fleet / alone <= 1.0, (alone, in_fleet)
 
 
+def test_a_fetch_larger_than_a_members_part_of_the_burst_is_not_throttled_for_it():
+    """Pacing a Fetch would starve its consumer: a throttled Fetch is answered empty and its
+    bytes un-recorded, so the same large response would be refused again and again. It is
+    throttled on the fleet's rate only (here under the bound: not at all)."""
+    from quotas import CONSUMER_BYTE_RATE
+
+    m = manager(quota=256 * 1024, kind=CONSUMER_BYTE_RATE)
+    m.set_fleet(3, 250)
+    m.take_local_usage(1_000_000)
+    for i in range(5):
+        now = 1_000_000 + 2_000 * i
+        assert m.check_and_record("alice", "c", CONSUMER_BYTE_RATE, 320 * 1024, now).throttle_ms == 0
+
+
 def test_new_producer_ids_admitted_on_one_member_take_the_others_tokens():
     from quotas import PRODUCER_IDS_RATE
     from quotas.producer_ids import ProducerIdQuotaManager
