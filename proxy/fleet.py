@@ -373,8 +373,14 @@ class FleetExchange:
     # -- the topic ------------------------------------------------------------------------
 
     async def _metadata(self) -> Any:
+        """The topic's metadata; a topic found missing (deleted since) is made again by the next
+        write or read."""
         address = self._cluster.upstream_address(None, 0)
-        return await fetch_topic_metadata(self._cluster.dialer, address, [self.config.topic], [], self._timeout_s)
+        metadata = await fetch_topic_metadata(self._cluster.dialer, address, [self.config.topic], [],
+                                              self._timeout_s)
+        if any(t.name == self.config.topic and t.error_code == _UNKNOWN_TOPIC_OR_PARTITION for t in metadata.topics):
+            self._created = False
+        return metadata
 
     def _leaders(self, metadata: Any) -> dict[tuple[str, int], list[int]]:
         brokers = {b.node_id: (b.host, b.port) for b in metadata.brokers}
@@ -383,8 +389,6 @@ class FleetExchange:
             if topic.name != self.config.topic:
                 continue
             if topic.error_code:
-                if topic.error_code == _UNKNOWN_TOPIC_OR_PARTITION:
-                    self._created = False
                 raise broker_error("Metadata", topic.error_code, self.config.topic)
             for p in topic.partitions:
                 if p.leader_id in brokers:

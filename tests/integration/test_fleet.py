@@ -21,7 +21,7 @@ from confluent_kafka import Producer
 from kafka import KafkaProducer
 
 from tests.support.proxy_process import ProxyProcess
-from tests.support.rate_runs import fresh_topic
+from tests.support.rate_runs import fresh_topic, greedy_librdkafka
 from tests.support.tansu import TansuBroker
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -71,20 +71,11 @@ def greedy(bootstrap: str, client_id: str, topic: str, start: threading.Barrier,
             acked[0] += len(msg.value())
 
     producer = Producer({"bootstrap.servers": bootstrap, "client.id": client_id, "linger.ms": 5,
-                         "batch.size": BATCH_BYTES,
-                         "queue.buffering.max.kbytes": 4096, "acks": 1})
+                         "batch.size": BATCH_BYTES, "queue.buffering.max.kbytes": 4096, "acks": 1,
+                         "on_delivery": delivered})
     producer.list_topics(topic, timeout=10)
     start.wait(60)
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            producer.produce(topic, RECORD, on_delivery=delivered)
-        except BufferError:
-            producer.poll(0.005)
-            continue
-        producer.poll(0)
-    producer.purge(in_queue=True, in_flight=True)
-    producer.flush(10)
+    greedy_librdkafka(producer, topic, RECORD, seconds, purge_in_flight=True)
     out.append(acked[0])
 
 

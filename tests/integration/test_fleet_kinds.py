@@ -48,7 +48,7 @@ from tests.integration.test_fleet import FLEET, FLEET_AT_MOST
 from tests.support.kafka_throttle_model import greedy_producers
 from tests.support.polling import wait_for
 from tests.support.proxy_process import ProxyProcess
-from tests.support.rate_runs import fill_topic, fresh_topic
+from tests.support.rate_runs import fill_topic, fresh_topic, greedy_librdkafka
 from tests.support.tansu import TansuBroker
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -185,19 +185,10 @@ def _greedy_producer(bootstrap: str, client_id: str, topic: str, value: bytes,
                 acked[0] += 1
 
         producer = Producer({"bootstrap.servers": bootstrap, "client.id": client_id, "acks": 1,
-                             "enable.idempotence": False, **settings})
+                             "enable.idempotence": False, **settings, "on_delivery": delivered})
         producer.list_topics(topic, timeout=10)
         start.wait(60)
-        deadline = time.monotonic() + RUN_S
-        while time.monotonic() < deadline:
-            try:
-                producer.produce(topic, value, on_delivery=delivered)
-            except BufferError:
-                producer.poll(0.005)
-                continue
-            producer.poll(0)
-        producer.purge(in_queue=True, in_flight=True)
-        producer.flush(10)
+        greedy_librdkafka(producer, topic, value, RUN_S, purge_in_flight=True)
         return acked[0]
 
     return run

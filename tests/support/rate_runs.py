@@ -131,10 +131,13 @@ def librdkafka_producer(bootstrap: str, client_id: str, delivered: Deliveries, t
     })
 
 
-def greedy_librdkafka(producer, topic: str, value: bytes, run_s: float) -> tuple[float, float]:
+def greedy_librdkafka(producer, topic: str, value: bytes, run_s: float,
+                      purge_in_flight: bool = False) -> tuple[float, float]:
     """Produces ``value`` to ``topic`` as fast as the librdkafka ``producer`` takes it, for
     ``run_s`` seconds, serving its callbacks as it goes (a full queue is polled 5 ms at a time);
     then purges what was never sent, which is not part of the measurement, and flushes the rest.
+    ``purge_in_flight``: what was sent but not yet answered is purged too (librdkafka pipelines
+    its whole queue into a throttled connection: a total counted over the run excludes it).
     Delivery reports go to the producer's ``on_delivery`` (e.g. :class:`Deliveries`). Returns
     the run's (start, end) instants."""
     start = time.monotonic()
@@ -146,7 +149,7 @@ def greedy_librdkafka(producer, topic: str, value: bytes, run_s: float) -> tuple
             producer.poll(0.005)
             continue
         producer.poll(0)
-    producer.purge(in_queue=True, in_flight=False)  # never sent: not part of the measurement
+    producer.purge(in_queue=True, in_flight=purge_in_flight)  # never sent: not part of the measurement
     assert producer.flush(30) == 0
     return start, end
 
