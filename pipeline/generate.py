@@ -48,7 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hours", type=float, default=2.0, help="hours of usage (2)")
     p.add_argument("--interval-seconds", type=int, default=10, help="usage-log interval (10)")
     p.add_argument("--proxies", type=int, default=1, help="proxy instances sharing the load (1)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="random seed: the same seed writes the same usage (0)")
     p.add_argument("--start", help="first interval, ISO 8601 UTC (default 2026-11-01)")
 
 

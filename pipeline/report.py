@@ -9,10 +9,18 @@ of a candidate configuration (default: the recommendation) → charts and HTML.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import math
+import os
+import re
+import shutil
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
+from typing import Any, TextIO
 
 import yaml
 
@@ -43,6 +51,9 @@ class Options:
     shuffle_partitions: int | None = None
     driver_memory: str | None = None
     quiet: bool = False
+    # Where the output of the JVM Spark starts (its banner, log4j lines, stage progress) goes while
+    # the report runs: file descriptor 2 is moved there. None: left where it is (report --verbose).
+    spark_log: Path | None = None
 
 
 @dataclass
@@ -56,16 +67,20 @@ class Outputs:
 
 
 class Progress:
-    def __init__(self, steps: int, quiet: bool) -> None:
+    def __init__(self, steps: int, quiet: bool, stream: TextIO | None = None) -> None:
         self.steps, self.quiet, self.n = steps, quiet, 0
+        self.stream = stream  # None: sys.stderr as it is when a line is printed
         self.started = time.monotonic()
         self.seconds: dict[str, float] = {}
+
+    def print(self, line: str) -> None:
+        if not self.quiet:
+            print(line, file=self.stream or sys.stderr, flush=True)
 
     def step(self, key: str, what: str):
         """Times a step; its seconds are kept under ``key``."""
         self.n += 1
-        if not self.quiet:
-            print(f"[{self.n}/{self.steps}] {what} …", file=sys.stderr, flush=True)
+        self.print(f"[{self.n}/{self.steps}] {what} …")
         return _Timed(self, key)
 
 
@@ -79,21 +94,49 @@ class _Timed:
     def __exit__(self, *exc):
         took = time.monotonic() - self.t
         self.progress.seconds[self.key] = took
-        if not self.progress.quiet and exc[0] is None:
-            print(f"      done in {took:.1f} s", file=sys.stderr, flush=True)
+        if exc[0] is None:
+            self.progress.print(f"      done in {took:.1f} s")
+
+
+@dataclass
+class Inputs:
+    """The options and input files as :func:`check_inputs` read them."""
+
+    rule: Any  # outliers.Rule; None with --no-outliers
+    base: dict | None  # --config as YAML read it
+    window_s: float  # producer_id_quota_window_size_seconds
+    measured_over_s: float  # the quota windows' span a rate is measured over
+    candidate_text: str | None
+    since: datetime | None
+    until: datetime | None
 
 
 def run_report(opts: Options, spark=None) -> Outputs:
-    """Builds every output under ``opts.out``. Raises UsageError on bad input or options."""
-    if not 0 < opts.share <= 1:
-        raise UsageError(f"--share must be in (0, 1], got {opts.share}")
-    if opts.headroom < 0:
-        raise UsageError(f"--headroom must be >= 0, got {opts.headroom}")
-    if opts.max_events < 1:
-        raise UsageError(f"--max-events must be at least 1, got {opts.max_events}")
-    from config import ConfigError, load_config, parse_config
+    """Builds every output under ``opts.out``. Raises UsageError on bad input or options: found
+    before Spark starts where they can be (:func:`check_inputs`), and then ``opts.out`` is not
+    created; a refusal found while Spark reads the usage log removes the ``opts.out`` it created."""
+    inputs = check_inputs(opts)
+    created = _make_out(opts.out)
+    try:
+        with _jvm_output(opts.spark_log) as console:
+            return _report(opts, inputs, spark, Progress(7 if opts.replay else 6, opts.quiet, console))
+    except UsageError:
+        if created is not None:
+            shutil.rmtree(created, ignore_errors=True)
+        raise
+
+
+def check_inputs(opts: Options) -> Inputs:
+    """Every check of the options and inputs that needs no Spark: the numbers are sane, the
+    configurations load as the proxy loads them, the times parse, the usage log is there with
+    files in it (a local one: a remote one is read by Spark), and ``--out`` can be created.
+    Raises UsageError naming the option; creates nothing."""
+    _check_numbers(opts)
+    from config import ConfigError, parse_config
 
     from .outliers import Rule, parse_floors
+    from .replay import candidate
+    from .spark import check_local, is_local, parse_time
 
     rule = None
     if opts.outliers:
@@ -103,14 +146,6 @@ def run_report(opts: Options, spark=None) -> Outputs:
             rule.check()
         except ValueError as exc:
             raise UsageError(str(exc)) from exc
-
-    from . import demand, fleet
-    from .html import CHARTS, bar_chart, stacked_chart, write_report
-    from .outliers import mark, outlier_rows, replay_outcome
-    from .recommend import entity_key, quota_entries, quotas_yaml, recommendations
-    from .replay import candidate, replay
-    from .spark import parse_time, read_usage, spark_errors, spark_session
-
     base = _load_yaml(opts.config, "--config") if opts.config else None
     window_s, measured_over_s = 3600.0, 10.0  # Kafka's defaults
     if base is not None:
@@ -130,15 +165,108 @@ def run_report(opts: Options, spark=None) -> Outputs:
             raise UsageError(f"--candidate {opts.candidate}: {exc}") from exc
     since = parse_time(opts.since) if opts.since else None
     until = parse_time(opts.until) if opts.until else None
-    out = opts.out
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "charts").mkdir(exist_ok=True)
-    result = Outputs()
-    progress = Progress(7 if opts.replay else 6, opts.quiet)
+    if since is not None and until is not None and since >= until:
+        raise UsageError(f"--since {opts.since} must be before --until {opts.until}")
+    if is_local(opts.usage):
+        check_local(opts.usage)
+    _check_out(opts.out)
+    return Inputs(rule, base, window_s, measured_over_s, candidate_text, since, until)
 
-    with progress.step("spark", "starting Spark"):
+
+# Spark's master URLs: local, local[4], local[*], local[4,2], local-cluster[...], yarn, spark://...
+_MASTER = re.compile(r"local(\[(\*|\d+)(,\d+)?\])?|local-cluster\[[^\]]+\]|yarn|[a-z0-9+]+://\S+")
+_MEMORY = re.compile(r"\d+([kmgtp]b?|b)?", re.IGNORECASE)  # spark.driver.memory: 512m, 4g, 4096
+
+
+def _check_numbers(opts: Options) -> None:
+    if not 0 < opts.share <= 1:
+        raise UsageError(f"--share must be in (0, 1], got {opts.share}")
+    if not math.isfinite(opts.headroom) or opts.headroom < 0:
+        raise UsageError(f"--headroom must be a number >= 0, got {opts.headroom}")
+    if opts.max_events < 1:
+        raise UsageError(f"--max-events must be at least 1, got {opts.max_events}")
+    if opts.top < 1:
+        raise UsageError(f"--top must be at least 1, got {opts.top}")
+    if opts.shuffle_partitions is not None and opts.shuffle_partitions < 1:
+        raise UsageError(f"--shuffle-partitions must be at least 1, got {opts.shuffle_partitions}")
+    if opts.driver_memory is not None and not _MEMORY.fullmatch(opts.driver_memory):
+        raise UsageError(f"--driver-memory must be a size such as 4g or 512m, got {opts.driver_memory!r}")
+    if not _MASTER.fullmatch(opts.master):
+        raise UsageError(f"--master must be a Spark master URL (local[*], local[4], spark://host:7077, yarn, "
+                         f"k8s://...), got {opts.master!r}")
+
+
+def _check_out(out: Path) -> None:
+    """``out`` is a directory, or can be made one: its nearest existing ancestor is a directory
+    this process may write in."""
+    if out.exists():
+        if not out.is_dir():
+            raise UsageError(f"--out {out}: exists and is not a directory")
+        if not os.access(out, os.W_OK | os.X_OK):
+            raise UsageError(f"--out {out}: cannot write in it (permission denied)")
+        return
+    ancestor = next(p for p in out.absolute().parents if p.exists())
+    if not ancestor.is_dir():
+        raise UsageError(f"--out {out}: cannot be created, {ancestor} is not a directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise UsageError(f"--out {out}: cannot be created, no permission to write in {ancestor}")
+
+
+def _make_out(out: Path) -> Path | None:
+    """Creates ``out`` and ``out/charts``; returns the topmost directory it created (what a
+    refusal removes), None when both were there."""
+    created = next((p for p in reversed((out / "charts", out, *out.absolute().parents)) if not p.exists()), None)
+    (out / "charts").mkdir(parents=True, exist_ok=True)
+    return created
+
+
+@contextlib.contextmanager
+def _jvm_output(path: Path | None) -> Iterator[TextIO | None]:
+    """Moves file descriptor 2, where the JVM Spark starts (and its Python workers) write their
+    banner, log4j lines and stage progress, to ``path`` meanwhile; yields a stream on the
+    original stderr for the report's own progress lines. None: nothing moved (yields None)."""
+    if path is None:
+        yield None
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    console = open(os.dup(saved), "w", encoding="utf-8", errors="replace")  # closed below
+    try:
+        with open(path, "wb") as log:
+            os.dup2(log.fileno(), 2)
+        yield console
+    except BaseException as exc:
+        if not isinstance(exc, UsageError):
+            print(f"report: failed; Spark's own output is in {path}", file=console, flush=True)
+        raise
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        console.close()
+
+
+def _report(opts: Options, inputs: Inputs, spark, progress: Progress) -> Outputs:
+    """The report itself, on inputs :func:`check_inputs` passed, under the ``opts.out`` made."""
+    from config import ConfigError, load_config
+
+    from . import demand, fleet
+    from .html import CHARTS, bar_chart, stacked_chart, write_report
+    from .outliers import mark, outlier_rows, replay_outcome
+    from .recommend import entity_key, quota_entries, quotas_yaml, recommendations
+    from .replay import replay
+    from .spark import read_usage, spark_errors, spark_session
+
+    rule, base, window_s, measured_over_s = inputs.rule, inputs.base, inputs.window_s, inputs.measured_over_s
+    candidate_text, since, until = inputs.candidate_text, inputs.since, inputs.until
+    out = opts.out
+    result = Outputs()
+
+    where = "" if opts.spark_log is None else f" (its own output: {opts.spark_log})"
+    with progress.step("spark", f"starting Spark{where}"):
         spark = spark or spark_session(opts.master, shuffle_partitions=opts.shuffle_partitions,
-                                       driver_memory=opts.driver_memory, console_progress=not opts.quiet)
+                                       driver_memory=opts.driver_memory,
+                                       console_progress=not opts.quiet and opts.spark_log is None)
     from pyspark.sql import functions as F
 
     with spark_errors():
@@ -402,6 +530,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shuffle-partitions", type=int, help="spark.sql.shuffle.partitions")
     p.add_argument("--driver-memory", help="spark.driver.memory, e.g. 4g (local mode: all the memory Spark gets)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--verbose", action="store_true",
+                   help="show Spark's own output (its JVM's log4j lines and stage progress) here; without it, "
+                        "it goes to OUT/spark.log")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -411,6 +542,8 @@ def main(args: argparse.Namespace) -> int:
         print("report needs PySpark: pip install 'kafka-quota-proxy[pipeline]' (and Java 17)", file=sys.stderr)
         return 2
     opts = Options(**{k: v for k, v in vars(args).items() if k in Options.__dataclass_fields__})
+    if not getattr(args, "verbose", False):
+        opts.spark_log = opts.out / "spark.log"
     try:
         result = run_report(opts)
     except UsageError as exc:

