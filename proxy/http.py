@@ -102,8 +102,8 @@ class MetricsEndpoint:
             await self._refuse(reader, writer, exc.status)
             return
         except TimeoutError:
-            self._write(writer, 408, "text/plain", b"request not received in time\n")
-            await self._drain(writer)
+            # A client still trickling its head would get a reset, not the 408, on a plain close.
+            await self._refuse(reader, writer, 408)
             return
         status, content_type, body = await self._answer(method, path)
         self._write(writer, status, content_type, body, head_only=method == "HEAD")
