@@ -32,7 +32,7 @@ from .procs import Launcher
 
 # module run with -m -> (module with main(argv), module with the classes, client side, broker side)
 TIMED = {
-    "proxy": ("proxy.cli", "proxy.connection", "ClientConnection", "UpstreamConnection"),
+    "proxy": ("proxy.app.cli", "proxy.dataplane.connection", "ClientConnection", "UpstreamConnection"),
     "bench.byte_pump": ("bench.byte_pump", "bench.byte_pump", "_Client", "_Side"),
 }
 KEEP = 50_000  # samples kept per side

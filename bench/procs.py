@@ -1,6 +1,6 @@
 """Processes the benchmark starts: Tansu broker, Tansu proxy, the byte pump and our proxy.
 
-Tansu is started as proxy.local_broker does it (a port read back from port 0, confirmed to be
+Tansu is started as proxy.app.local_broker does it (a port read back from port 0, confirmed to be
 held by Tansu's own process, retried otherwise; readiness is an ApiVersions round trip), but
 here every process also gets a log file, a CPU pin and a role, and Tansu's own proxy is
 started the same way.
@@ -20,9 +20,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from proxy.local_broker import api_versions_ping, tansu_binary
-from proxy.local_broker import candidate_port as free_port
-from proxy.procnet import listening_inodes, socket_inodes
+from proxy.app.local_broker import api_versions_ping, tansu_binary
+from proxy.app.local_broker import candidate_port as free_port
+from proxy.app.procnet import listening_inodes, socket_inodes
 
 from .tls import BenchPki
 from .tls import api_versions_ping as tls_api_versions_ping

@@ -68,7 +68,7 @@ def confluent_config(ca_file: str | None) -> dict:
 
 
 def api_versions_ping(address: tuple[str, int], ca_file: str, timeout_s: float = 1.0) -> bool:
-    """proxy.local_broker.api_versions_ping over TLS: True when ApiVersions v0 is answered."""
+    """proxy.app.local_broker.api_versions_ping over TLS: True when ApiVersions v0 is answered."""
     from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse
 
     request = ApiVersionsRequest[0]()

@@ -1,4 +1,4 @@
-"""Certificate rotation without a restart (proxy.cert_reload), on the proxy as a real process with
+"""Certificate rotation without a restart (proxy.control.cert_reload), on the proxy as a real process with
 ``listen.tls`` files in a directory the test owns and a short ``reload.debounce_ms``:
 
 - replaced files (a new certificate and key, each put in place by a rename) are taken within a

@@ -22,7 +22,7 @@ import pytest
 import yaml
 from kafka.record import MemoryRecords
 
-from proxy.cli import main
+from proxy.app.cli import main
 from tests.integration.test_client_quota_api import AdminConnection, set_
 from tests.support.inproc import InProcessProxy
 from tests.support.scripted_broker import ScriptedCluster

@@ -15,7 +15,7 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import KafkaAdminClient
 
-from proxy import quota_topic
+from proxy.control import quota_topic
 from quotas.client_quota_admin import QuotaEntity
 from tests.integration.test_client_quota_api import AdminConnection, remove, set_
 from tests.support.inproc import InProcessProxy

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from pipeline.recommend import quota_entries, quotas_yaml
-from proxy.cli import main
+from proxy.app.cli import main
 from tests.support.inproc import InProcessProxy
 from tests.support.sasl_front import tansu_behind_sasl_front
 

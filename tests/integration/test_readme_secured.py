@@ -16,7 +16,7 @@ import pytest
 import yaml
 from kafka import KafkaProducer
 
-from proxy.cli import main as cli_main
+from proxy.app.cli import main as cli_main
 from tests.support.certs import Pem
 from tests.support.proxy_process import ProxyProcess
 from tests.support.tls_broker import TlsTansu

@@ -20,7 +20,7 @@ import uuid
 
 import pytest
 
-from proxy import procnet
+from proxy.app import procnet
 from tests.support.proxy_process import sum_samples
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]

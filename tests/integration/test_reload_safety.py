@@ -171,7 +171,7 @@ def test_a_config_cut_short_by_a_write_in_place_never_drops_the_quota(broker, pr
         _replace(path, head + "quotas:\n" + PRODUCER_QUOTA)
         _wait_for_log(p, r"reloaded: 1 quota entry in force \(0 added, 1 removed, 0 changed\)")
         [removed] = _lines(p, "reload removes")
-        assert 'level=WARNING logger=proxy.server msg="reload removes the quotas of client_id=other-app ' \
+        assert 'level=WARNING logger=proxy.app.server msg="reload removes the quotas of client_id=other-app ' \
                '(request_rate=200)"' in removed
         assert _bound(p) == QUOTA
 

@@ -15,9 +15,9 @@ import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 from kafka.structs import TopicPartition
 
-from proxy import procnet
-from proxy.local_broker import TANSU_VERSION, tansu_version
-from proxy.local_broker import api_versions_ping as api_versions_round_trip
+from proxy.app import procnet
+from proxy.app.local_broker import TANSU_VERSION, tansu_version
+from proxy.app.local_broker import api_versions_ping as api_versions_round_trip
 from tests.support.relay import RelayedConnection
 
 pytestmark = pytest.mark.integration

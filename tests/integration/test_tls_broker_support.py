@@ -14,8 +14,8 @@ from kafka import KafkaAdminClient
 from kafka.admin import NewTopic
 
 from config.loader import split_host_port
-from proxy import procnet
-from proxy.local_broker import api_versions_ping
+from proxy.app import procnet
+from proxy.app.local_broker import api_versions_ping
 from tests.support.kafka_python import produce_and_read_back
 from tests.support.tls_broker import TlsTansu
 from tests.support.wire import api_versions_round_trip, api_versions_v0

@@ -34,7 +34,7 @@ import uuid
 
 import pytest
 
-from proxy import procnet
+from proxy.app import procnet
 from tests.support.certs import Pem, TestPki
 from tests.support.proxy_process import sum_samples
 from tests.support.rate_runs import (

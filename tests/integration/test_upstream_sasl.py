@@ -236,7 +236,7 @@ def test_the_proxy_authenticates_its_own_connections(broker, proxy, mechanism, s
 def _identity_lines(p) -> list[str]:
     """The messages of the proxy's lines about its upstream identity or credentials."""
     return [m[1] for line in p.log_text().splitlines()
-            if "logger=proxy.upstream_identity" in line and (m := re.search(r'msg="(.*)"$', line))]
+            if "logger=proxy.identity.upstream_identity" in line and (m := re.search(r'msg="(.*)"$', line))]
 
 
 def _failures(p) -> float:

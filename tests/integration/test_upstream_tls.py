@@ -26,8 +26,8 @@ import pytest
 import yaml
 
 from config.loader import split_host_port
-from proxy import procnet
-from proxy.cli import main
+from proxy.app import procnet
+from proxy.app.cli import main
 from tests.support.certs import Pem, TestPki
 from tests.support.kafka_python import produce_and_read_back
 from tests.support.polling import wait_for

@@ -16,7 +16,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from proxy.usage_log import COUNTER_COLUMNS, SCHEMA_VERSION, arrow_schema
+from proxy.observability.usage_log import COUNTER_COLUMNS, SCHEMA_VERSION, arrow_schema
 from tests.support.polling import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]

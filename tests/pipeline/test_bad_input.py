@@ -10,7 +10,7 @@ import pytest
 from pipeline.errors import UsageError
 from pipeline.report import Options, run_report
 from pipeline.spark import read_usage
-from proxy.cli import main as cli_main
+from proxy.app.cli import main as cli_main
 from usage.schema import SCHEMA_VERSION
 
 from .usage_rows import write_rows

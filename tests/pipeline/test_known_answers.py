@@ -16,8 +16,8 @@ from config.loader import load_config, parse_config
 from pipeline.recommend import admitting, quota_entries, recommended_value
 from pipeline.replay import replay, replay_user
 from pipeline.report import Options, run_report
-from proxy.cli import main as cli_main
-from proxy.usage_log import UsageAggregator, UsageLogWriter
+from proxy.app.cli import main as cli_main
+from proxy.observability.usage_log import UsageAggregator, UsageLogWriter
 from quotas.common import CONTROLLER_MUTATION_RATE, PRODUCER_IDS_RATE
 
 from .usage_rows import write_rows

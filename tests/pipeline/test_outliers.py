@@ -21,7 +21,7 @@ from pipeline.outliers import (
     replay_outcome,
 )
 from pipeline.recommend import entity_key, quota_entries, quotas_yaml
-from proxy.cli import main as cli_main
+from proxy.app.cli import main as cli_main
 from quotas.common import (
     CONSUMER_BYTE_RATE,
     CONSUMER_RECORD_RATE,

@@ -17,7 +17,7 @@ import pipeline.spark
 from pipeline import report
 from pipeline.errors import UsageError
 from pipeline.report import Options, run_report
-from proxy.cli import main as cli_main
+from proxy.app.cli import main as cli_main
 
 from .usage_rows import write_rows
 

@@ -12,8 +12,8 @@ from config.loader import load_config
 from pipeline.generate import NOISY, RESTARTS, STORM, STORM_PARTITIONS, STORM_TOPICS, generate
 from pipeline.outliers import Rule, bound_from_rest
 from pipeline.report import Options, run_report
-from proxy.cli import main as cli_main
-from proxy.usage_log import arrow_schema
+from proxy.app.cli import main as cli_main
+from proxy.observability.usage_log import arrow_schema
 from quotas.common import CONTROLLER_MUTATION_RATE, PRODUCER_IDS_RATE
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from proxy.usage_log import Interval, UsageLogWriter
+from proxy.observability.usage_log import Interval, UsageLogWriter
 from usage.schema import COUNTER_COLUMNS as COUNTERS  # whatever the schema version adds
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
-from proxy.filters.api import FilterContext
-from proxy.principal import Session
-from proxy.stats import ProxyStats
+from proxy.dataplane.filters.api import FilterContext
+from proxy.identity.principal import Session
+from proxy.observability.stats import ProxyStats
 
 
 class Recorder:
@@ -66,7 +66,7 @@ def unreachable_cluster(brokers: dict | None = None) -> SimpleNamespace:
 
 def decided(decision):
     """A Defer's decision, awaited (its lookups fail against an unreachable cluster); any other as is."""
-    from proxy.filters.api import Defer
+    from proxy.dataplane.filters.api import Defer
 
     while isinstance(decision, Defer):
         decision = asyncio.run(decision.decision)

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from proxy import procnet
+from proxy.app import procnet
 
 TCP_ESTABLISHED = "01"
 

@@ -10,7 +10,7 @@ from concurrent.futures import Future
 from prometheus_client.parser import text_string_to_metric_families
 
 from config import parse_config
-from proxy.server import ProxyServer
+from proxy.app.server import ProxyServer
 
 
 class InProcessProxy:

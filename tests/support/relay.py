@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from proxy import procnet
+from proxy.app import procnet
 from tests.support.threaded_server import ThreadedServer, pipe
 
 

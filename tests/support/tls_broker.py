@@ -7,7 +7,7 @@ relays each connection in plaintext to Tansu's real port, ``plain_bootstrap``. T
 stunnel's address, so a client that bootstraps through ``bootstrap`` only ever reaches the broker
 over TLS.
 
-Ports: stunnel cannot report a port-0 bind, so, as in :mod:`proxy.local_broker`, a candidate port
+Ports: stunnel cannot report a port-0 bind, so, as in :mod:`proxy.app.local_broker`, a candidate port
 is read back from a socket bound to port 0; the candidate is held (bound, not listening) while
 Tansu starts advertising it, so Tansu cannot pick it for itself, then released and given to
 stunnel. stunnel's own process must hold the listening socket (``/proc``); if stunnel exited or
@@ -32,8 +32,8 @@ from typing import BinaryIO, Protocol
 
 from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse
 
-from proxy import procnet
-from proxy.local_broker import LocalTansu
+from proxy.app import procnet
+from proxy.app.local_broker import LocalTansu
 
 
 class CertAndKey(Protocol):

@@ -1,4 +1,4 @@
-"""The certificate reloader (``proxy.cert_reload.CertificateReloader``) on real PEM files, with
+"""The certificate reloader (``proxy.control.cert_reload.CertificateReloader``) on real PEM files, with
 time passed in: a real ProxyServer (not started) with listen.tls and upstream.tls (mTLS to the
 brokers) whose files live in a directory the test replaces them in.
 
@@ -18,8 +18,8 @@ import pytest
 import trustme
 
 from config import parse_config
-from proxy.cert_reload import CertificateReloader, tls_files, watch_certificates
-from proxy.server import ProxyServer
+from proxy.app.server import ProxyServer
+from proxy.control.cert_reload import CertificateReloader, tls_files, watch_certificates
 from tests.support.certs import TestPki, chain_pem, leaf_der, replace_file
 from tests.support.memory_tls import handshake_in_memory
 
@@ -97,7 +97,7 @@ def _counts(server: ProxyServer) -> dict[str, int]:
 
 
 def _errors(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR and r.name == "proxy.cert_reload"]
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR and r.name == "proxy.control.cert_reload"]
 
 
 def test_every_tls_file_is_watched(reloader, files):
@@ -158,7 +158,7 @@ def test_a_failed_reload_keeps_the_contexts_in_force_and_names_the_file(reloader
     old_listener, old_dialer = server.tls, server.cluster.dialer.tls
     replace_file(files.cert, b"-----BEGIN CERTIFICATE-----\nnot base64 at all\n-----END CERTIFICATE-----\n")
     assert not reloader.poll_at(0.0)
-    with caplog.at_level(logging.ERROR, logger="proxy.cert_reload"):
+    with caplog.at_level(logging.ERROR, logger="proxy.control.cert_reload"):
         assert not reloader.poll_at(DEBOUNCE_S)
     assert server.tls is old_listener and server.cluster.dialer.tls is old_dialer
     assert _counts(server) == {"failure": 1}
@@ -173,7 +173,7 @@ def test_a_key_that_is_not_the_certificates_is_refused(reloader, server, pki, fi
     stray = files.pki.ca.issue_cert("127.0.0.1", common_name="stray")
     replace_file(files.key, stray.private_key_pem.bytes())
     assert not reloader.poll_at(0.0)
-    with caplog.at_level(logging.ERROR, logger="proxy.cert_reload"):
+    with caplog.at_level(logging.ERROR, logger="proxy.control.cert_reload"):
         assert not reloader.poll_at(DEBOUNCE_S)
     assert server.tls is old and _counts(server) == {"failure": 1}
     [message] = _errors(caplog)
@@ -183,7 +183,7 @@ def test_a_key_that_is_not_the_certificates_is_refused(reloader, server, pki, fi
 def test_the_same_broken_files_are_not_read_again_until_they_change(reloader, server, pki, files, caplog):
     replace_file(files.cert, b"garbage\n")
     reloader.poll_at(0.0)
-    with caplog.at_level(logging.ERROR, logger="proxy.cert_reload"):
+    with caplog.at_level(logging.ERROR, logger="proxy.control.cert_reload"):
         assert not reloader.poll_at(DEBOUNCE_S)
         for now in (1.0, 2.0, 5.0, 100.0):
             assert not reloader.poll_at(now)
@@ -208,7 +208,7 @@ def test_a_missing_file_fails_and_its_return_is_taken(reloader, server, pki, fil
     key = files.key.read_bytes()
     files.key.unlink()
     reloader.poll_at(0.0)
-    with caplog.at_level(logging.ERROR, logger="proxy.cert_reload"):
+    with caplog.at_level(logging.ERROR, logger="proxy.control.cert_reload"):
         assert not reloader.poll_at(DEBOUNCE_S)
     assert server.tls is old and _counts(server) == {"failure": 1}
     [message] = _errors(caplog)
@@ -238,7 +238,7 @@ def test_the_upstream_files_are_reloaded_too_and_all_or_nothing(reloader, server
     files.server_pair("gen-2")
     replace_file(files.ca, b"not a CA bundle\n")
     reloader.poll_at(10.0)
-    with caplog.at_level(logging.ERROR, logger="proxy.cert_reload"):
+    with caplog.at_level(logging.ERROR, logger="proxy.control.cert_reload"):
         assert not reloader.poll_at(10.0 + DEBOUNCE_S)
     assert server.tls is listener and server.cluster.dialer.tls is dialer
     [message] = _errors(caplog)
@@ -280,14 +280,14 @@ def test_the_watch_goes_on_after_a_poll_that_raised(reloader, monkeypatch, caplo
             await asyncio.sleep(0.001)
         task.cancel()
 
-    with caplog.at_level(logging.ERROR, logger="proxy.cert_reload"):
+    with caplog.at_level(logging.ERROR, logger="proxy.control.cert_reload"):
         asyncio.run(asyncio.wait_for(run(), 5))
     assert calls[:3] == [0.0, 1.0, 2.0]
     assert any("still watching" in m for m in _errors(caplog))
 
 
 def _identity_lines(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "proxy.upstream_identity"]
+    return [r.getMessage() for r in caplog.records if r.name == "proxy.identity.upstream_identity"]
 
 
 def test_a_new_upstream_client_certificate_logs_the_new_identity_once(reloader, server, files, caplog):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.cli import _parser, main
+from proxy.app.cli import _parser, main
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-import proxy.cli
-from proxy.cli import _parser, main, package_version
+import proxy.app.cli
+from proxy.app.cli import _parser, main, package_version
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,7 +47,7 @@ def test_without_metadata_or_pyproject_the_version_is_unknown(monkeypatch, tmp_p
         raise metadata.PackageNotFoundError(name)
 
     monkeypatch.setattr(metadata, "version", not_installed)
-    monkeypatch.setattr(proxy.cli, "__file__", str(tmp_path / "proxy" / "cli.py"))
+    monkeypatch.setattr(proxy.app.cli, "__file__", str(tmp_path / "proxy" / "app" / "cli.py"))
     assert package_version() == "unknown"
     (tmp_path / "pyproject.toml").write_text('[project]\nname = "something-else"\nversion = "9.9"\n')
     assert package_version() == "unknown"

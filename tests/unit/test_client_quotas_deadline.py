@@ -14,8 +14,8 @@ import pytest
 from kafka.protocol.admin import AlterClientQuotasResponse
 
 from config import ConfigError, parse_config
-from proxy.quota_store import StoreUnavailable
-from proxy.server import ProxyServer
+from proxy.app.server import ProxyServer
+from proxy.control.quota_store import StoreUnavailable
 
 from .test_client_quotas_filter import FILE_QUOTAS, alter_request, responses, settle
 from .test_connection_paths import BASE, Pair

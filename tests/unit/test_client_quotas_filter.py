@@ -19,9 +19,9 @@ from kafka.protocol.admin import (
 from config import parse_config
 from protocol.apis import SPECS
 from protocol.frames import FrameReader
-from proxy.filters.client_quotas import ALTER_CLIENT_QUOTAS, DESCRIBE_CLIENT_QUOTAS, describe_change
-from proxy.quota_store import StoreUnavailable
-from proxy.server import ProxyServer
+from proxy.app.server import ProxyServer
+from proxy.control.quota_store import StoreUnavailable
+from proxy.dataplane.filters.client_quotas import ALTER_CLIENT_QUOTAS, DESCRIBE_CLIENT_QUOTAS, describe_change
 from quotas.client_quota_admin import CLIENT_ID, USER, QuotaChange, QuotaEntity
 from quotas.limiters import RecordRateLimiter
 

@@ -11,8 +11,8 @@ import pytest
 
 from config import ConfigError, ConfigErrors, parse_config
 from config.loader import parse_quotas
-from proxy.cli import main
-from proxy.reload_watch import ConfigWatcher, read_config_file
+from proxy.app.cli import main
+from proxy.control.reload_watch import ConfigWatcher, read_config_file
 
 UPSTREAM = {"bootstrap_servers": ["k:9092"]}
 

@@ -20,13 +20,13 @@ from kafka.protocol.producer import ProduceRequest
 from config import parse_config
 from protocol.apis import SPECS, ApiKey
 from protocol.frames import FrameReader
-from proxy.connection import ClientConnection, UpstreamConnection
-from proxy.filters.api import Defer, FilterSpec
-from proxy.filters.chain import FilterChain
-from proxy.inflight import InFlight
-from proxy.routes import AS_READ, plan_route
-from proxy.server import ProxyServer
-from proxy.stats import SLOT_VERSIONS
+from proxy.app.server import ProxyServer
+from proxy.dataplane.connection import ClientConnection, UpstreamConnection
+from proxy.dataplane.filters.api import Defer, FilterSpec
+from proxy.dataplane.filters.chain import FilterChain
+from proxy.dataplane.inflight import InFlight
+from proxy.dataplane.routes import AS_READ, plan_route
+from proxy.observability.stats import SLOT_VERSIONS
 
 LIST_OFFSETS = 2
 
@@ -836,7 +836,7 @@ def test_produce_v10_takes_the_hot_path_unless_its_connection_uplifts():
         pair.conn.data_received(plain)
         assert pair.broker.writes[-1] is plain  # the uplift filter is not asked: nothing to do
         # A broker that only has Produce v9 (the ApiVersions answer set the uplift): the
-        # client's v10 goes to the broker as v9 (KIP-951 uplift, proxy.filters.leaders).
+        # client's v10 goes to the broker as v9 (KIP-951 uplift, proxy.dataplane.filters.leaders).
         pair.conn.ctx.set_uplift({ApiKey.PRODUCE: 9})
         pair.conn.data_received(produce(10, 1, 3, "app"))
         (version,) = struct.unpack_from(">h", pair.requests_seen_by_broker()[-1], 2)

@@ -9,7 +9,7 @@ import pytest
 
 from protocol.headers import encode_response_header
 from protocol.messages import decode_response
-from proxy.filters.endpoints import EndpointRewriteFilter
+from proxy.dataplane.filters.endpoints import EndpointRewriteFilter
 from tests.unit.test_scan import fetch_body, produce_body
 
 

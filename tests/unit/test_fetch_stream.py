@@ -18,8 +18,8 @@ from kafka.protocol.consumer import FetchResponse
 from config import parse_config
 from protocol.apis import ApiKey
 from protocol.messages import encode_body
-from proxy.routes import StreamRoute
-from proxy.server import ProxyServer
+from proxy.app.server import ProxyServer
+from proxy.dataplane.routes import StreamRoute
 from tests.support.kafka_messages import TOPIC_ID, make
 from tests.unit.test_connection_paths import BASE, Pair, armed_pair, list_offsets, raw_request
 
@@ -142,7 +142,7 @@ def test_node_endpoints_without_a_moved_partition_close_the_stream_and_stop_stre
         response = fetch_response(2, endpoints=True)  # off KIP-951: no partition moved
         pair.up.data_received(response[:200])
         assert pair.client.writes[before:] == [response[:200]]
-        with caplog.at_level(logging.ERROR, logger="proxy.connection"):
+        with caplog.at_level(logging.ERROR, logger="proxy.dataplane.connection"):
             pair.up.data_received(response[200:])
         assert pair.client.closed  # the broker address never reached the client
         assert b"b3.internal" not in pair.client.bytes()

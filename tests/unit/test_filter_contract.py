@@ -9,9 +9,9 @@ import logging
 import struct
 
 from config import parse_config
-from proxy.filters.api import FilterSpec
-from proxy.filters.chain import FilterChain
-from proxy.server import ProxyServer
+from proxy.app.server import ProxyServer
+from proxy.dataplane.filters.api import FilterSpec
+from proxy.dataplane.filters.chain import FilterChain
 
 from .test_connection_paths import BASE, Pair, list_offsets
 
@@ -41,7 +41,7 @@ def _pair(request_filters, response_filters) -> Pair:
 def test_a_request_filter_that_returns_bytes_closes_its_connection(caplog):
     async def go():
         pair = _pair([BytesInsteadOfForward()], [])
-        with caplog.at_level(logging.WARNING, logger="proxy.connection"):
+        with caplog.at_level(logging.WARNING, logger="proxy.dataplane.connection"):
             pair.conn.data_received(list_offsets(1, "app"))
         assert pair.client.closed and pair.requests_seen_by_broker() == []
         assert pair.server.stats.frames_rejected["filter_error"] == 1
@@ -57,7 +57,7 @@ def test_a_response_filter_that_returns_none_closes_its_connection(caplog):
         pair.conn.data_received(list_offsets(1, "app"))
         assert len(pair.requests_seen_by_broker()) == 1
         body = struct.pack(">i", 1) + b"\0\0\0\0"  # ListOffsets v1: no topics
-        with caplog.at_level(logging.WARNING, logger="proxy.connection"):
+        with caplog.at_level(logging.WARNING, logger="proxy.dataplane.connection"):
             pair.up.data_received(struct.pack(">i", len(body)) + body)
         assert pair.client.closed and pair.client.writes == []
         assert pair.server.stats.frames_rejected["filter_error"] == 1

@@ -9,10 +9,10 @@ import logging
 import struct
 
 from config import parse_config
-from proxy.connection import ClientConnection
-from proxy.guard import MemoryPool
-from proxy.logs import LogLimiter
-from proxy.server import ProxyServer
+from proxy.app.server import ProxyServer
+from proxy.dataplane.connection import ClientConnection
+from proxy.dataplane.guard import MemoryPool
+from proxy.observability.logs import LogLimiter
 
 from .test_connection_paths import BASE, Pair, Wire, list_offsets
 
@@ -223,7 +223,7 @@ def test_close_for_counts_and_logs_each_reason_a_few_times_only(caplog):
             pair.conn.close_for("idle")
         assert server.guard.closed["idle"] == 50
 
-    with caplog.at_level(logging.WARNING, logger="proxy.guard"):
+    with caplog.at_level(logging.WARNING, logger="proxy.dataplane.guard"):
         asyncio.run(go())
     assert len([r for r in caplog.records if "idle" in r.getMessage()]) == 10
 

@@ -16,10 +16,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.http import HttpLimits, MetricsEndpoint, exposition_steps
-from proxy.quota_metrics import QuotaCollector
-from proxy.readiness import Readiness
-from proxy.stats import ProxyStats, StatsCollector, run_to_end
+from proxy.observability.http import HttpLimits, MetricsEndpoint, exposition_steps
+from proxy.observability.quota_metrics import QuotaCollector
+from proxy.observability.readiness import Readiness
+from proxy.observability.stats import ProxyStats, StatsCollector, run_to_end
 from quotas import QuotaManager, QuotaRule
 
 # Short lingering after an error answer keeps the tests quick; every other limit is the default.
@@ -375,7 +375,7 @@ def test_a_collector_that_raises_is_a_500_logged_once(caplog):
         async with serving(endpoint(registry)) as port:
             return [await exchange(port, b"GET /metrics HTTP/1.1\r\n\r\n") for _ in range(3)]
 
-    with caplog.at_level(logging.ERROR, logger="proxy.http"):
+    with caplog.at_level(logging.ERROR, logger="proxy.observability.http"):
         answers = run(go())
     assert [status_of(a) for a in answers] == [500, 500, 500]
     assert [r.getMessage() for r in caplog.records].count(

@@ -1,4 +1,4 @@
-"""proxy.kafka_retry: Kafka's back-off (ExponentialBackoff with the clients' defaults) and when
+"""proxy.cluster.kafka_retry: Kafka's back-off (ExponentialBackoff with the clients' defaults) and when
 the proxy's own clients give up, over synthetic instants."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.kafka_retry import FATAL, KAFKA_BACKOFF, RETRIABLE, UNREACHABLE, Backoff, Retries
+from proxy.cluster.kafka_retry import FATAL, KAFKA_BACKOFF, RETRIABLE, UNREACHABLE, Backoff, Retries
 
 
 @pytest.mark.parametrize("retries, expected_s", [(0, 0.1), (1, 0.2), (2, 0.4), (3, 0.8), (4, 1.0), (50, 1.0)])

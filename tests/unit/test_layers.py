@@ -95,12 +95,12 @@ def test_every_top_level_package_has_a_rule():
 
 @pytest.mark.parametrize("module, source, is_package, expected", [
     # The six arrows issue 17 found, as they were.
-    ("pipeline.spark", "from proxy.usage_log import COLUMN_NAMES\n", False,
-     ["pipeline.spark:1 imports proxy.usage_log"]),
-    ("pipeline.recommend", "from proxy.principal import ANONYMOUS\n", False,
-     ["pipeline.recommend:1 imports proxy.principal"]),
-    ("pipeline.kinds", "from proxy.filters.controller_mutation import STRICT_SINCE\n", False,
-     ["pipeline.kinds:1 imports proxy.filters.controller_mutation"]),
+    ("pipeline.spark", "from proxy.observability.usage_log import COLUMN_NAMES\n", False,
+     ["pipeline.spark:1 imports proxy.observability.usage_log"]),
+    ("pipeline.recommend", "from proxy.identity.principal import ANONYMOUS\n", False,
+     ["pipeline.recommend:1 imports proxy.identity.principal"]),
+    ("pipeline.kinds", "from proxy.dataplane.filters.controller_mutation import STRICT_SINCE\n", False,
+     ["pipeline.kinds:1 imports proxy.dataplane.filters.controller_mutation"]),
     # Forms: plain import, inside a function, under TYPE_CHECKING, relative, importlib.
     ("protocol.frames", "import quotas.rate\n", False, ["protocol.frames:1 imports quotas.rate"]),
     ("quotas.rate", "def f():\n    from config import Config\n", False, ["quotas.rate:2 imports config"]),
@@ -108,13 +108,13 @@ def test_every_top_level_package_has_a_rule():
      ["quotas.entities:2 imports usage.schema"]),
     ("config.loader", "from ..proxy import server\n", False, ["config.loader:1 imports proxy"]),
     ("config", "from .. import pipeline\n", True, ["config:1 imports pipeline"]),
-    ("usage.schema", "import importlib\nimportlib.import_module('proxy.cli')\n", False,
-     ["usage.schema:2 imports proxy.cli"]),
+    ("usage.schema", "import importlib\nimportlib.import_module('proxy.app.cli')\n", False,
+     ["usage.schema:2 imports proxy.app.cli"]),
     ("pipeline.replay", "__import__('tests.support')\n", False, ["pipeline.replay:1 imports tests.support"]),
     # Allowed: its own package (relative or not), what the rule lists, third-party names.
     ("pipeline.report", "from . import demand\nfrom .spark import read_usage\nfrom config import load_config\n"
      "from usage.schema import OTHER\nfrom quotas.entities import ANONYMOUS\nimport pyspark\n", False, []),
-    ("proxy.filters.sasl", "from ..principal import ANONYMOUS\nfrom pipeline import report\n", False, []),
+    ("proxy.dataplane.filters.sasl", "from ..principal import ANONYMOUS\nfrom pipeline import report\n", False, []),
     ("protocol.apis", "from kafka.protocol.api_message import ApiMessage\nfrom .errors import ProtocolError\n",
      False, []),
     ("quotas", "from quotas.common import ADMIT\nfrom . import rate\n", True, []),
@@ -132,9 +132,9 @@ def test_the_pipeline_loads_neither_the_proxy_nor_asyncio_nor_prometheus_client(
 
 
 # The connection core: what carries out decisions. Filters see it only through the filter API
-# (proxy.filters.api: FilterContext, decisions), never as a connection.
-CORE = frozenset({"proxy.connection", "proxy.requests", "proxy.response_queue", "proxy.upstream", "proxy.raw_sasl",
-                  "proxy.flow", "proxy.server", "proxy.cli"})
+# (proxy.dataplane.filters.api: FilterContext, decisions), never as a connection.
+CORE = frozenset({"proxy.dataplane.connection", "proxy.dataplane.requests", "proxy.dataplane.response_queue", "proxy.dataplane.upstream", "proxy.dataplane.raw_sasl",
+                  "proxy.dataplane.flow", "proxy.app.server", "proxy.app.cli"})
 
 
 def core_imports(module: str, source: str, is_package: bool = False) -> list[str]:
@@ -143,7 +143,7 @@ def core_imports(module: str, source: str, is_package: bool = False) -> list[str
 
 
 def test_filters_see_the_filter_api_not_the_connection():
-    modules = [(m, p, pkg) for m, p, pkg in _modules("proxy") if m.startswith("proxy.filters")]
+    modules = [(m, p, pkg) for m, p, pkg in _modules("proxy") if m.startswith("proxy.dataplane.filters")]
     assert len(modules) > 8
     violations = [v for module, path, is_package in modules
                   for v in core_imports(module, path.read_text(encoding="utf-8"), is_package)]
@@ -151,10 +151,10 @@ def test_filters_see_the_filter_api_not_the_connection():
 
 
 @pytest.mark.parametrize("source, expected", [
-    ("if TYPE_CHECKING:\n    from proxy.connection import ClientConnection\n",
-     ["proxy.filters.quotas:2 imports proxy.connection"]),
-    ("from ..response_queue import ResponseQueue\n", ["proxy.filters.quotas:1 imports proxy.response_queue"]),
+    ("if TYPE_CHECKING:\n    from proxy.dataplane.connection import ClientConnection\n",
+     ["proxy.dataplane.filters.quotas:2 imports proxy.dataplane.connection"]),
+    ("from ..response_queue import ResponseQueue\n", ["proxy.dataplane.filters.quotas:1 imports proxy.dataplane.response_queue"]),
     ("from ..inflight import InFlight\nfrom .api import Forward\nfrom ..topics import TopicCache\n", []),
 ])
 def test_the_filter_rule_catches_a_planted_violation(source, expected):
-    assert core_imports("proxy.filters.quotas", source) == expected
+    assert core_imports("proxy.dataplane.filters.quotas", source) == expected

@@ -12,9 +12,9 @@ from kafka.protocol.metadata import ApiVersionsResponse
 from config import ConfigError, parse_config
 from protocol.headers import parse_request_header, response_body_offset
 from protocol.messages import decode_response, encode_body
-from proxy.filters.api_versions import ApiVersionsFilter
-from proxy.filters.leaders import UpliftFilter, uplifted_caps
-from proxy.leaders import LeaderCache, PartitionLeader
+from proxy.cluster.leaders import LeaderCache, PartitionLeader
+from proxy.dataplane.filters.api_versions import ApiVersionsFilter
+from proxy.dataplane.filters.leaders import UpliftFilter, uplifted_caps
 from tests.support.filter_context import filter_context
 from tests.unit.test_records import batch, produce_frame
 

@@ -40,15 +40,15 @@ from protocol.headers import (
 from protocol.messages import DecodeError, UnknownVersionError, decode_request, decode_response, encode_body
 from protocol.produce import produce_acks, produce_error_response
 from protocol.throttle import has_throttle_field, throttle_of, with_throttle
-from proxy.connection import ClientConnection
-from proxy.filters.api import Defer, FilterContext, Forward, Hold
-from proxy.filters.api_versions import ApiVersionsFilter
-from proxy.filters.controller_mutation import STRICT_SINCE, ControllerMutationFilter
-from proxy.filters.sasl import SaslFilter
-from proxy.inflight import InFlight
-from proxy.routes import STREAM_SCANS, StreamRoute
-from proxy.server import ProxyServer
-from proxy.topics import TopicCache
+from proxy.app.server import ProxyServer
+from proxy.cluster.topics import TopicCache
+from proxy.dataplane.connection import ClientConnection
+from proxy.dataplane.filters.api import Defer, FilterContext, Forward, Hold
+from proxy.dataplane.filters.api_versions import ApiVersionsFilter
+from proxy.dataplane.filters.controller_mutation import STRICT_SINCE, ControllerMutationFilter
+from proxy.dataplane.filters.sasl import SaslFilter
+from proxy.dataplane.inflight import InFlight
+from proxy.dataplane.routes import STREAM_SCANS, StreamRoute
 
 TOPIC = "orders"
 TOPIC_ID = uuid.UUID("6c9b2c1e-3d5f-4a8e-9b0c-1d2e3f405162")
@@ -428,7 +428,7 @@ class Proxy:
 
     def stream(self, key: int, version: int, frame: bytes, what: str, conn) -> None:
         """The stream route the API's filters that offer it would take, from the first version
-        they all look at (proxy.routes.StreamRoute; with no quota or limiter on, they are the
+        they all look at (proxy.dataplane.routes.StreamRoute; with no quota or limiter on, they are the
         API's only filters)."""
         filters = tuple(f for f in self.response_filters(key, version) if f.spec.stream)
         if not filters or version < min(f.spec.response_since.get(key, 0) for f in filters):

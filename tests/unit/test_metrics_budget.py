@@ -12,9 +12,9 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.http import MetricsEndpoint
-from proxy.quota_metrics import OTHER, ProducerIdCollector, QuotaCollector
-from proxy.stats import ProxyStats, Scrape, StatsCollector, run_to_end
+from proxy.observability.http import MetricsEndpoint
+from proxy.observability.quota_metrics import OTHER, ProducerIdCollector, QuotaCollector
+from proxy.observability.stats import ProxyStats, Scrape, StatsCollector, run_to_end
 from quotas import QuotaManager, QuotaRule
 from quotas.producer_ids import ProducerIdQuotaManager
 

@@ -1,4 +1,4 @@
-"""What Kafka refuses before charging the controller mutation quota (proxy.filters.mutation_checks),
+"""What Kafka refuses before charging the controller mutation quota (proxy.dataplane.filters.mutation_checks),
 case by case in Kafka's order, and which answers mean Kafka charged nothing."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 from kafka.protocol.admin import CreatePartitionsRequest, CreateTopicsRequest
 
 from protocol.apis import ApiKey
-from proxy.filters import mutation_checks as checks
+from proxy.dataplane.filters import mutation_checks as checks
 
 T = CreateTopicsRequest[7].CreatableTopic
 A = T.CreatableReplicaAssignment

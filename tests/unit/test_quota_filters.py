@@ -9,10 +9,10 @@ import pytest
 
 from protocol.headers import parse_request_header, response_body_offset
 from protocol.messages import decode_response
-from proxy.filters.api import Answer, Close, Defer, Forward
-from proxy.filters.limiters import RateLimiterFilter
-from proxy.filters.producer_ids import ProducerIdQuotaFilter
-from proxy.inflight import InFlight
+from proxy.dataplane.filters.api import Answer, Close, Defer, Forward
+from proxy.dataplane.filters.limiters import RateLimiterFilter
+from proxy.dataplane.filters.producer_ids import ProducerIdQuotaFilter
+from proxy.dataplane.inflight import InFlight
 from quotas import QuotaManager, QuotaRule
 from quotas.limiters import LimiterContext, RateLimiter, RecordRateLimiter, Usage
 from quotas.producer_ids import ProducerIdQuotaManager, ProducerIdSettings

@@ -1,12 +1,12 @@
-"""proxy.quota_store: the Admin API's overlay on top of the file's quotas, and a reload keeping it."""
+"""proxy.control.quota_store: the Admin API's overlay on top of the file's quotas, and a reload keeping it."""
 
 from __future__ import annotations
 
 import asyncio
 
 from config import parse_config
-from proxy.quota_store import REMOVED, OverlayStore, merge
-from proxy.server import ProxyServer
+from proxy.app.server import ProxyServer
+from proxy.control.quota_store import REMOVED, OverlayStore, merge
 from quotas.client_quota_admin import CLIENT_ID, USER, QuotaChange, QuotaEntity
 from quotas.entities import QuotaRule
 
@@ -82,9 +82,9 @@ def test_a_reload_logs_what_changes_in_force(caplog):
     server = _server([{"user": "alice", "producer_byte_rate": 1000}])
     server.quota_store.apply([QuotaChange(ALICE, "producer_byte_rate", 1000.0, 2000.0)])
     server.apply_quota_rules(server.quota_rules_over(server.config.quotas))
-    caplog.set_level("INFO", logger="proxy.server")
+    caplog.set_level("INFO", logger="proxy.app.server")
     server.reload(parse_config({**BASE, "quotas": [{"user": "alice", "producer_byte_rate": 10}]}))
-    lines = [r.getMessage() for r in caplog.records if r.name == "proxy.server"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "proxy.app.server"]
     assert not any(line.startswith("reload user=alice") for line in lines), lines  # 2000 stays in force
     assert "reload: 1 quota values set or removed through the Admin API stay over the file's" in lines
     assert "reloaded: 1 quota entry in force (0 added, 0 removed, 0 changed), 2 rate limiters" in lines

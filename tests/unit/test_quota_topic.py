@@ -1,5 +1,5 @@
-"""The quota topic's record format (proxy.quota_topic) and how the store applies records
-(proxy.quota_topic_store, fed records without a broker)."""
+"""The quota topic's record format (proxy.control.quota_topic) and how the store applies records
+(proxy.control.quota_topic_store, fed records without a broker)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import json
 import pytest
 from kafka.record import MemoryRecordsBuilder
 
-from proxy import quota_topic
-from proxy.quota_topic_store import TopicStore
+from proxy.control import quota_topic
+from proxy.control.quota_topic_store import TopicStore
 from quotas.client_quota_admin import CLIENT_ID, USER, QuotaEntity
 from quotas.entities import QuotaRule
 

@@ -1,12 +1,12 @@
-"""proxy.quotas_cli without a proxy: argument checks, --command-config, the YAML both ways."""
+"""proxy.app.quotas_cli without a proxy: argument checks, --command-config, the YAML both ways."""
 
 from __future__ import annotations
 
 import pytest
 import yaml
 
-from proxy.cli import main
-from proxy.quotas_cli import (
+from proxy.app.cli import main
+from proxy.app.quotas_cli import (
     CliError,
     jaas_options,
     quotas_document,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from config import ConfigError, parse_config
-from proxy.server import ProxyServer
+from proxy.app.server import ProxyServer
 from quotas.limiters import BatchRateLimiter, RecordRateLimiter
 from tests.unit.test_quota_config import ConfiguredLimiter
 

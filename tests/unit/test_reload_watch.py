@@ -1,4 +1,4 @@
-"""The configuration watcher (``proxy.reload_watch.ConfigWatcher``) on a real file, with time
+"""The configuration watcher (``proxy.control.reload_watch.ConfigWatcher``) on a real file, with time
 passed in.
 
 Each test writes the file the way a tool would (in place in parts, cut short, removed, replaced
@@ -19,9 +19,9 @@ import yaml
 
 from config import parse_config
 from config.model import DEFAULT_RATE_LIMITERS
-from proxy import reload_watch
-from proxy.reload_watch import ConfigWatcher, read_config_file, watch_config
-from proxy.server import ProxyServer
+from proxy.app.server import ProxyServer
+from proxy.control import reload_watch
+from proxy.control.reload_watch import ConfigWatcher, read_config_file, watch_config
 from quotas.entities import QuotaRule
 from quotas.manager import quota_changes
 
@@ -458,7 +458,7 @@ def test_quota_changes_names_entities_and_values():
 
 
 def test_proxy_server_reload_logs_each_removed_entity_at_warning_and_changes_at_info(caplog):
-    caplog.set_level(logging.INFO, logger="proxy.server")
+    caplog.set_level(logging.INFO, logger="proxy.app.server")
     server = ProxyServer(read_config(full()))
     server.reload(read_config(head() + "quotas:\n  - client_id: other\n    request_rate: 20\n"))
     assert messages(caplog) == [
@@ -481,7 +481,7 @@ def read_config(text: str):
 
 
 def test_the_reload_summary_counts_entries_added_removed_and_changed(caplog):
-    caplog.set_level(logging.INFO, logger="proxy.server")
+    caplog.set_level(logging.INFO, logger="proxy.app.server")
     server = ProxyServer(read_config(full() + "  - user: bob\n    request_rate: 1\n"
                                               "  - user: carol\n    request_rate: 1\n"))
     server.reload(read_config(head() + """\
@@ -506,7 +506,7 @@ quotas:
 
 
 def test_an_explicit_empty_quotas_is_applied_by_the_watcher_naming_each_removed_quota(path, caplog):
-    caplog.set_level(logging.INFO, logger="proxy.server")
+    caplog.set_level(logging.INFO, logger="proxy.app.server")
     loaded = read_config_file(str(path))
     server = ProxyServer(loaded.config)
     watcher = ConfigWatcher(server, loaded)

@@ -14,8 +14,8 @@ from kafka.protocol.producer import ProduceResponse
 from protocol import errors, rewrite
 from protocol.apis import ApiKey
 from protocol.messages import decode_response, encode_body
-from proxy.filters.api import Close
-from proxy.filters.api_versions import ApiVersionsFilter
+from proxy.dataplane.filters.api import Close
+from proxy.dataplane.filters.api_versions import ApiVersionsFilter
 from tests.support.kafka_messages import (
     describe_cluster_response,
     fetch_response,

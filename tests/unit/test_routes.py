@@ -1,4 +1,4 @@
-"""The route planner's invariant (proxy.routes): a fast route never carries a throttle, a mute or
+"""The route planner's invariant (proxy.dataplane.routes): a fast route never carries a throttle, a mute or
 a response filter that must see the response whole.
 
 Checked two ways: over every API and version of the real chain under several configurations
@@ -16,11 +16,11 @@ from kafka.protocol.metadata import ApiVersionsResponse
 
 from config import parse_config
 from protocol.apis import SPECS, ApiKey
-from proxy.filters.api import FilterSpec, Forward
-from proxy.filters.chain import UNFILTERED, FilterChain
-from proxy.inflight import InFlight
-from proxy.routes import AS_READ, ASSEMBLED, STREAM_SCANS, StreamRoute, plan_route
-from proxy.server import ProxyServer
+from proxy.app.server import ProxyServer
+from proxy.dataplane.filters.api import FilterSpec, Forward
+from proxy.dataplane.filters.chain import UNFILTERED, FilterChain
+from proxy.dataplane.inflight import InFlight
+from proxy.dataplane.routes import AS_READ, ASSEMBLED, STREAM_SCANS, StreamRoute, plan_route
 
 from .test_connection_paths import BASE, LIST_OFFSETS, Pair, api_versions, list_offsets
 from .test_fetch_stream import fetch_request, fetch_response

@@ -17,7 +17,7 @@ from config import ConfigError
 from config.model import UpstreamSaslConfig
 from protocol.headers import response_body_offset
 from protocol.messages import decode_response
-from proxy.sasl_client import (
+from proxy.identity.sasl_client import (
     SaslAuthenticationError,
     SaslCredentials,
     SaslRefused,

@@ -12,13 +12,13 @@ from config.loader import parse_config
 from protocol.apis import SPECS, ApiKey
 from protocol.headers import parse_request_header, response_body_offset
 from protocol.messages import decode_response
-from proxy.filters.api import Answer, Forward
-from proxy.filters.controller_mutation import ControllerMutationFilter
-from proxy.filters.limiters import RateLimiterFilter
-from proxy.filters.producer_ids import ProducerIdQuotaFilter
-from proxy.filters.quotas import RateQuotaFilter
-from proxy.inflight import InFlight
-from proxy.topics import TopicCache
+from proxy.cluster.topics import TopicCache
+from proxy.dataplane.filters.api import Answer, Forward
+from proxy.dataplane.filters.controller_mutation import ControllerMutationFilter
+from proxy.dataplane.filters.limiters import RateLimiterFilter
+from proxy.dataplane.filters.producer_ids import ProducerIdQuotaFilter
+from proxy.dataplane.filters.quotas import RateQuotaFilter
+from proxy.dataplane.inflight import InFlight
 from quotas import QuotaManager, QuotaRule
 from quotas.common import ShadowDecision
 from quotas.entities import EntityResolver
@@ -244,7 +244,7 @@ class _Topics(TopicCache):
 
 @pytest.mark.parametrize("version", [5, 6])  # permissive (throttled) and strict (refused, KIP-599)
 def test_controller_mutation_rate(version, monkeypatch):
-    import proxy.filters.controller_mutation as module
+    import proxy.dataplane.filters.controller_mutation as module
 
     clock = Clock()
     monkeypatch.setattr(module, "now_ms", clock)

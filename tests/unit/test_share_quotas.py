@@ -19,10 +19,10 @@ from protocol.headers import parse_request_header
 from protocol.messages import decode_response
 from protocol.share_fetch import cap_share_fetch_bytes
 from protocol.share_messages import ShareFetchRequest
-from proxy.filters.api import Forward
-from proxy.filters.limiters import RateLimiterFilter
-from proxy.filters.quotas import RateQuotaFilter
-from proxy.inflight import InFlight
+from proxy.dataplane.filters.api import Forward
+from proxy.dataplane.filters.limiters import RateLimiterFilter
+from proxy.dataplane.filters.quotas import RateQuotaFilter
+from proxy.dataplane.inflight import InFlight
 from quotas import QuotaManager, QuotaRule
 from quotas.limiters import LimiterContext, RecordRateLimiter
 from tests.support.filter_context import filter_context
@@ -211,7 +211,7 @@ async def _throttled() -> None:
 
 
 def test_the_usage_log_counts_the_records_a_share_fetch_delivers():
-    from proxy.filters.usage import UsageFilter
+    from proxy.dataplane.filters.usage import UsageFilter
     from quotas.producer_ids import ProducerIdObserver
 
     f = UsageFilter(ProducerIdObserver(), clock=Clock())

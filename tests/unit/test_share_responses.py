@@ -29,10 +29,10 @@ from protocol.headers import encode_response_header
 from protocol.messages import decode_response, encode_body
 from protocol.records import FetchRecords
 from protocol.share_scan import scan_share_acknowledge, scan_share_fetch, scan_share_response
-from proxy.filters.api_versions import default_caps
-from proxy.filters.endpoints import EndpointRewriteFilter
-from proxy.filters.leaders import LeaderHintFilter
-from proxy.leaders import LeaderCache, PartitionLeader
+from proxy.cluster.leaders import LeaderCache, PartitionLeader
+from proxy.dataplane.filters.api_versions import default_caps
+from proxy.dataplane.filters.endpoints import EndpointRewriteFilter
+from proxy.dataplane.filters.leaders import LeaderHintFilter
 from tests.support.filter_context import filter_context
 
 VERSIONS = (0, 1, 2)

@@ -13,7 +13,7 @@ import ssl
 
 import pytest
 
-from proxy.ssl_principal import (
+from proxy.identity.ssl_principal import (
     NoMatchingRule,
     PrincipalMappingError,
     SslPrincipalMapper,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 
 from protocol.apis import SPECS
-from proxy.stats import (
+from proxy.observability.stats import (
     LATENCY_BUCKETS_S,
     SLOT_KEYS,
     SLOT_VERSIONS,

@@ -17,7 +17,7 @@ from kafka.protocol.consumer import ListOffsetsRequest, ListOffsetsResponse
 from kafka.protocol.producer import ProduceRequest, ProduceResponse
 
 from config import parse_config
-from proxy.filters.quotas import now_ms
+from proxy.dataplane.filters.quotas import now_ms
 from quotas import PRODUCER_BYTE_RATE, REQUEST_RATE
 
 from .test_connection_paths import BASE, Pair, request

@@ -10,8 +10,8 @@ import trustme
 from cryptography.hazmat.primitives import serialization
 
 from config import ConfigError, parse_config
-from proxy.cli import main
-from proxy.tls import handshake_failure_reason, server_tls
+from proxy.app.cli import main
+from proxy.identity.tls import handshake_failure_reason, server_tls
 
 BASE = {"upstream": {"bootstrap_servers": ["127.0.0.1:1"]}}
 
@@ -109,7 +109,7 @@ def test_handshake_failure_reasons():
 def test_early_bytes_of_a_client_gone_before_its_handshake_are_dropped():
     """A plaintext client that sends and closes at once: its transport has no protocol left when
     the bytes kept for the TLS layer would be handed over."""
-    from proxy.tls import EarlyBytes
+    from proxy.identity.tls import EarlyBytes
 
     class GoneTransport:
         def get_protocol(self):

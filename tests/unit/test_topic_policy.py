@@ -16,12 +16,12 @@ from protocol.apis import SPECS, ApiKey
 from protocol.errors import THROTTLING_QUOTA_EXCEEDED
 from protocol.frames import FrameReader
 from protocol.headers import parse_request_header
-from proxy.filters.api import FilterSpec, Forward
-from proxy.filters.chain import UNFILTERED, FilterChain
-from proxy.filters.controller_mutation import ControllerMutationFilter
-from proxy.filters.quotas import now_ms
-from proxy.filters.topic_policy import TopicPrefixPolicyFilter
-from proxy.server import ProxyServer
+from proxy.app.server import ProxyServer
+from proxy.dataplane.filters.api import FilterSpec, Forward
+from proxy.dataplane.filters.chain import UNFILTERED, FilterChain
+from proxy.dataplane.filters.controller_mutation import ControllerMutationFilter
+from proxy.dataplane.filters.quotas import now_ms
+from proxy.dataplane.filters.topic_policy import TopicPrefixPolicyFilter
 from quotas import CONTROLLER_MUTATION_RATE
 from quotas.entities import ANONYMOUS
 

@@ -9,7 +9,7 @@ import yaml
 
 from config import ConfigError, parse_config
 from config.model import UpstreamSaslConfig, UpstreamTlsConfig
-from proxy.cli import main
+from proxy.app.cli import main
 
 SERVERS = ["127.0.0.1:1"]
 SECRET = "hunter2-not-for-logs"

@@ -15,17 +15,17 @@ import pytest
 
 from config import ConfigError, parse_config
 from config.model import UpstreamConfig, UpstreamSaslConfig, UpstreamTlsConfig
-from proxy.dialer import BrokerDialer
-from proxy.sasl_client import SaslAuthenticationError, SaslCredentials, SaslRefused, credentials
-from proxy.server import ProxyServer
-from proxy.stats import ProxyStats
-from proxy.upstream_identity import IdentityLog, describe_upstream_identity
+from proxy.app.server import ProxyServer
+from proxy.cluster.dialer import BrokerDialer
+from proxy.identity.sasl_client import SaslAuthenticationError, SaslCredentials, SaslRefused, credentials
+from proxy.identity.upstream_identity import IdentityLog, describe_upstream_identity
+from proxy.observability.stats import ProxyStats
 from tests.support.certs import chain_pem, replace_file
 
 PASSWORD = "pw-never-logged-5e1f"
 KEY_PASSWORD = "key-pw-never-logged-77aa"
 SERVERS = ("127.0.0.1:9",)
-LOGGER = "proxy.upstream_identity"
+LOGGER = "proxy.identity.upstream_identity"
 
 
 def _jwt(claims: dict) -> str:
@@ -257,7 +257,7 @@ def test_a_refusal_names_the_mechanism_the_user_and_the_brokers_words(monkeypatc
     refusal = SaslRefused(f"{mechanism} authentication failed: SASL_AUTHENTICATION_FAILED (58): Authentication "
                           "failed", "SASL_AUTHENTICATION_FAILED (58): Authentication failed")
     creds = SaslCredentials(mechanism, None if mechanism == "OAUTHBEARER" else "kqp", secret)
-    with caplog.at_level(logging.ERROR, logger="proxy.dialer"):
+    with caplog.at_level(logging.ERROR, logger="proxy.cluster.dialer"):
         error = dialer.failed("sasl", ("broker", 9093), refusal, creds)
     expected = (f"SASL/{mechanism} authentication {who} refused by broker broker:9093: "
                 "SASL_AUTHENTICATION_FAILED (58): Authentication failed")

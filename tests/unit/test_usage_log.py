@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from config import ConfigError, parse_config
 from config.model import UsageLogConfig
-from proxy.usage_log import (
+from proxy.observability.usage_log import (
     COLUMN_NAMES,
     COUNTER_COLUMNS,
     OTHER,
@@ -818,7 +818,7 @@ def test_usage_log_must_be_a_mapping(value):
 
 
 def test_the_proxy_name_defaults_to_the_host_name(tmp_path):
-    from proxy.server import ProxyServer
+    from proxy.app.server import ProxyServer
 
     server = ProxyServer(_config({"directory": str(tmp_path)}))
     try:
@@ -842,7 +842,7 @@ def test_the_proxy_name_defaults_to_the_host_name(tmp_path):
     (None, ""),
 ])
 def test_the_proxy_tells_the_usage_log_its_fleets_topic(tmp_path, fleet, written):
-    from proxy.server import ProxyServer
+    from proxy.app.server import ProxyServer
 
     raw = {"upstream": UPSTREAM, "usage_log": {"directory": str(tmp_path)}}
     if fleet is not None:

@@ -238,7 +238,7 @@ def greedy_fleet(members: int, seconds: float, request: int = 100_000, sync_ms: 
         for i, t in enumerate(free_at):
             if now >= t:
                 held_ms = ms[i].paced_ms("alice", "x", PRODUCER_BYTE_RATE, request, now)
-                if held_ms:  # the filter holds the request (proxy.filters.quotas)
+                if held_ms:  # the filter holds the request (proxy.dataplane.filters.quotas)
                     free_at[i] = now + held_ms
                     continue
                 decision = ms[i].check_and_record("alice", "x", PRODUCER_BYTE_RATE, request, now)

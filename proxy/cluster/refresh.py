@@ -1,0 +1,90 @@
+"""The proxy's own metadata refresh: learns brokers from the bootstrap servers.
+
+Runs at start (so a client that connects straight to a broker port after a proxy restart is
+served) and then periodically (so brokers added later get listeners).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+
+from kafka.protocol.admin import DescribeConfigsRequest
+from kafka.protocol.metadata import MetadataRequest
+
+from protocol.apis import SPECS, ApiKey
+from proxy.cluster.brokers import Cluster
+from proxy.cluster.dialer import BrokerDialer, OwnConnection
+from proxy.observability.stats import ProxyStats
+
+log = logging.getLogger(__name__)
+
+
+async def fetch_brokers(dialer: BrokerDialer, address: tuple[str, int], timeout_s: float) -> list[tuple[int, str, int]]:
+    """Asks one broker for the cluster's brokers: Metadata for no topics."""
+    async with await dialer.open(address, timeout_s) as conn, asyncio.timeout(timeout_s):
+        lo, hi = conn.api_versions.get(ApiKey.METADATA, (0, 0))
+        version = min(hi, SPECS[ApiKey.METADATA].max_version)
+        if version < max(lo, 1):
+            raise ConnectionError(f"broker offers no usable Metadata version ({lo}-{hi})")
+        # An empty topic list asks for brokers only (null would mean every topic).
+        request = MetadataRequest[version](topics=[], allow_auto_topic_creation=False)
+        metadata = await conn.round_trip(request)
+        return [(b.node_id, b.host, b.port) for b in metadata.brokers]
+
+
+async def fetch_topics(dialer: BrokerDialer, address: tuple[str, int], names: list[str], ids: list, timeout_s: float):
+    """Metadata for the given topic names and ids (ids need Metadata v10+); returns the
+    response's topics."""
+    return (await fetch_topic_metadata(dialer, address, names, ids, timeout_s)).topics
+
+
+async def fetch_topic_metadata(dialer: BrokerDialer, address: tuple[str, int], names: list[str], ids: list,
+                               timeout_s: float):
+    """The MetadataResponse (brokers and topics) for the given topic names and ids."""
+    async with await dialer.open(address, timeout_s) as conn, asyncio.timeout(timeout_s):
+        return await topic_metadata(conn, names, ids)
+
+
+async def topic_metadata(conn: OwnConnection, names: list[str], ids: list):
+    """The MetadataResponse for the given topic names and ids, asked on an open connection
+    (never creating a topic)."""
+    version = min(conn.api_versions.get(ApiKey.METADATA, (0, 0))[1], SPECS[ApiKey.METADATA].max_version)
+    T = MetadataRequest[version].MetadataRequestTopic
+    topics = [T(name=n, topic_id=uuid.UUID(int=0)) for n in names]
+    if ids and version >= 10:
+        topics += [T(name=None, topic_id=i) for i in ids]
+    return await conn.round_trip(MetadataRequest[version](topics=topics, allow_auto_topic_creation=False))
+
+
+async def fetch_num_partitions(dialer: BrokerDialer, address: tuple[str, int], node_id: int,
+                               timeout_s: float) -> int | None:
+    """The broker's ``num.partitions`` (what CreateTopics with NumPartitions = -1 gets)."""
+    async with await dialer.open(address, timeout_s) as conn, asyncio.timeout(timeout_s):
+        R = DescribeConfigsRequest[1].DescribeConfigsResource
+        resource = R(resource_type=4, resource_name=str(node_id), configuration_keys=["num.partitions"])
+        resp = await conn.round_trip(DescribeConfigsRequest[1](resources=[resource], include_synonyms=False))
+        for result in resp.results:
+            for c in result.configs or ():
+                if c.name == "num.partitions" and c.value and c.value.strip().isdigit():
+                    return int(c.value)
+        return None
+
+
+async def refresh_once(cluster: Cluster, stats: ProxyStats, timeout_s: float) -> bool:
+    """Tries each bootstrap server once; True when one answered."""
+    for attempt in range(len(cluster.bootstrap)):
+        address = cluster.upstream_address(None, attempt)
+        try:
+            brokers = await fetch_brokers(cluster.dialer, address, timeout_s)
+        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError, ValueError) as exc:
+            stats.metadata_refreshes["failure"] += 1
+            cluster.dialer.log_failure("refresh", logging.WARNING, "metadata refresh from %s:%d failed: %s", *address,
+                                       exc or type(exc).__name__)
+            continue
+        stats.metadata_refreshes["success"] += 1
+        for node_id, host, port in brokers:
+            cluster.advertise(node_id, host, port)
+        return True
+    return False

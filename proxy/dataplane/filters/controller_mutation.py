@@ -1,0 +1,394 @@
+"""KIP-599 controller mutation quota on CreateTopics, CreatePartitions and DeleteTopics.
+
+Each topic is charged the partitions it creates or deletes: CreateTopics its NumPartitions,
+else its assignments, else the broker's ``num.partitions``; CreatePartitions the new count
+minus the current one; DeleteTopics the topic's partition count. ValidateOnly is never charged.
+
+Only what Kafka would charge is charged (``ReplicationControlManager`` validates a topic before
+``applyPartitionChangeQuota``): a topic Kafka refuses for its own reason (a duplicate, an invalid
+name, one that exists or does not, bad partitions, replication factor or assignments; see
+proxy.dataplane.filters.mutation_checks) costs nothing and is never answered THROTTLING_QUOTA_EXCEEDED.
+What the proxy knows before forwarding (the request, the topic cache, the brokers it has seen)
+it judges at once; before it would refuse a topic, it asks the broker for the topics' metadata
+afresh, so a topic another client just created is answered TOPIC_ALREADY_EXISTS, not 89. What
+only the broker knows (its CreateTopicPolicy, topic configs, authorization) shows in its answer:
+a charge for a topic it did not create, extend or delete is given back when the response comes,
+and a topic the proxy expected refused but the broker created is charged then.
+
+Strict versions (CreateTopics v6+, CreatePartitions v3+, DeleteTopics v5+) are checked topic
+by topic in request order; admitted topics are forwarded in a rewritten request, rejected ones
+are answered THROTTLING_QUOTA_EXCEEDED and merged back in the original order. A topic Kafka
+refuses for its own reason is forwarded for the broker to answer, unless the principal is in
+debt at its turn: then the proxy answers Kafka's refusal itself, so a broker laxer than Kafka
+never creates it uncharged. Older versions are permissive: everything is forwarded, the response
+carries the throttle and the client is muted (Kafka's PermissiveControllerMutationQuota).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+from protocol import errors
+from protocol.apis import SPECS, STRICT_SINCE, ApiKey
+from protocol.headers import encode_response_header, response_body_offset
+from protocol.messages import decode_request, decode_response, encode_body
+from proxy.cluster.refresh import fetch_num_partitions, fetch_topics
+from proxy.dataplane.filters import mutation_checks as checks
+from proxy.dataplane.filters.api import Answer, Defer, FilterSpec, Forward
+from proxy.dataplane.filters.quotas import now_ms
+from proxy.dataplane.filters.shadow import shadow_rejected, shadow_throttled
+from quotas import CONTROLLER_MUTATION_RATE, QuotaManager
+
+log = logging.getLogger(__name__)
+
+VALIDATE_ONLY = object()
+THROTTLED_MESSAGE = "The throttling quota has been exceeded."  # Kafka's Errors default message
+_RESULTS = {ApiKey.CREATE_TOPICS: "topics", ApiKey.CREATE_PARTITIONS: "results", ApiKey.DELETE_TOPICS: "responses"}
+
+
+@dataclass
+class _Topic:
+    item: object  # the request's entry for this topic
+    name: str | None
+    topic_id: object | None
+    mutations: int | None = None  # partitions it creates or deletes; None: not known yet
+    refusal: checks.Refusal | None = None  # Kafka refuses it before charging (as far as the proxy knows)
+    charged: int = 0  # what this request charged for it
+    answer: checks.Refusal | None = None  # answered by the proxy: 89, or Kafka's refusal while in debt
+    shadow_refused: bool = False  # a quota in shadow mode would have refused it
+
+
+@dataclass
+class _Charges:
+    """What a request charged, settled against the broker's answer (:meth:`_settle`)."""
+
+    user: str
+    client_id: str
+    limited: bool
+    topics: list[_Topic]
+    by_name: dict[str, _Topic] = field(default_factory=dict)
+    by_id: dict[object, _Topic] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for t in self.topics:
+            if t.name:
+                self.by_name.setdefault(t.name, t)
+            if t.topic_id is not None:
+                self.by_id.setdefault(t.topic_id, t)
+
+
+class ControllerMutationFilter:
+    spec = FilterSpec(request_keys=frozenset(STRICT_SINCE), response_keys=frozenset(STRICT_SINCE))
+
+    def __init__(self, manager: QuotaManager, topics, fallback_num_partitions: int, timeout_s: float,
+                 count_all: bool = False) -> None:
+        self.manager = manager
+        self.topics = topics  # proxy.cluster.topics.TopicCache
+        self.fallback_num_partitions = fallback_num_partitions
+        self.timeout_s = timeout_s
+        # The usage log counts partition mutations whether or not a quota applies.
+        self.count_all = count_all
+
+    # -- request side -----------------------------------------------------------------------
+
+    def on_request(self, ctx, header, frame, entry):
+        if header.body_offset < 0:
+            return None
+        req = decode_request(header.api_key, header.api_version, memoryview(frame)[header.body_offset :])
+        if getattr(req, "validate_only", False):
+            entry.note = VALIDATE_ONLY  # its response must not teach the topic cache anything
+            return None  # KIP-599: validation is not a mutation
+        user, client_id = ctx.session.principal, header.client_id or ""
+        limited = self.manager.resolve(user, client_id, CONTROLLER_MUTATION_RATE) is not None
+        if not limited and not self.count_all:
+            return None
+        topics = self._topics(header.api_key, header.api_version, req, ctx.cluster.brokers)
+        if any(t.mutations is None and t.refusal is None for t in topics):
+            return Defer(self._after_lookup(ctx, header, frame, req, entry, limited, refresh=False))
+        return self._decide(ctx, header, frame, req, entry, topics, limited, looked_up=False)
+
+    def _topics(self, key: int, version: int, req, brokers) -> list[_Topic]:
+        """The request's topics as the proxy knows them now: what each would cost, and what
+        Kafka would refuse before charging."""
+        out = []
+        if key == ApiKey.CREATE_TOPICS:
+            twice = checks.duplicates([t.name for t in req.topics])
+            for t in req.topics:
+                refusal = checks.create_topic_refusal(t, duplicate=t.name in twice,
+                                                      exists=self.topics.count(t.name) is not None, brokers=brokers)
+                n = t.num_partitions if t.num_partitions != -1 else (len(t.assignments) or None)
+                if n is None:
+                    n = self.topics.num_partitions_default  # None until known: looked up first
+                out.append(_Topic(t, t.name, None, max(n, 0) if n is not None else None, refusal))
+        elif key == ApiKey.CREATE_PARTITIONS:
+            twice = checks.duplicates([t.name for t in req.topics])
+            for t in req.topics:
+                current = self.topics.count(t.name)
+                topic = _Topic(t, t.name, None, None if current is None else max(t.count - current, 0))
+                if current is not None or t.name in twice:
+                    topic.refusal = checks.create_partitions_refusal(t, current, duplicate=t.name in twice)
+                out.append(topic)
+        elif version >= 6:  # DeleteTopics by name or by id
+            names = [t.name for t in req.topics if t.name]
+            ids = [t.topic_id for t in req.topics if not t.name and t.topic_id is not None and t.topic_id.int]
+            twice = checks.duplicates(names) | checks.duplicates(ids)
+            for t in req.topics:
+                topic_id = t.topic_id if t.topic_id is not None and t.topic_id.int else None
+                out.append(self._delete_topic(t, t.name, topic_id, twice))
+        else:
+            twice = checks.duplicates(list(req.topic_names))
+            for name in req.topic_names:
+                out.append(self._delete_topic(name, name, None, twice))
+        return out
+
+    def _delete_topic(self, item, name, topic_id, twice) -> _Topic:
+        count = self.topics.count(name, topic_id)
+        topic = _Topic(item, name, topic_id, count)
+        if (name or topic_id) in twice:
+            topic.refusal = checks.delete_topic_refusal(not name, True, duplicate=True)
+        return topic
+
+    async def _after_lookup(self, ctx, header, frame, req, entry, limited: bool, refresh: bool):
+        """Learns what the decision needs from the broker, then decides: the partition counts
+        and the broker's ``num.partitions`` not known yet, or (``refresh``) the metadata of
+        every topic of the request afresh, before any is refused."""
+        key = header.api_key
+        topics = self._topics(key, header.api_version, req, ctx.cluster.brokers)
+        if refresh or limited:
+            # Every topic whose state the cache gave (or could not give), in one Metadata request.
+            asked = [t for t in topics if t.refusal is None or t.refusal.error_code in checks.CACHE_CODES]
+            names = [t.name for t in asked if t.name]
+            ids = [t.topic_id for t in asked if not t.name and t.topic_id is not None]
+        else:
+            names = [t.name for t in topics if t.mutations is None and t.refusal is None and t.name]
+            ids = [t.topic_id for t in topics if t.mutations is None and t.refusal is None and not t.name
+                   and t.topic_id is not None]
+        address = ctx.cluster.upstream_address(None, 0)
+        try:
+            if key == ApiKey.CREATE_TOPICS and self.topics.num_partitions_default is None and \
+                    any(t.mutations is None and t.refusal is None for t in topics):
+                node_id = next(iter(ctx.cluster.brokers), 0)
+                default = await fetch_num_partitions(ctx.cluster.dialer, address, node_id, self.timeout_s)
+                self.topics.num_partitions_default = default
+            if names or (ids and key == ApiKey.DELETE_TOPICS):
+                for t in await fetch_topics(ctx.cluster.dialer, address, names, ids, self.timeout_s):
+                    if t.error_code == 0:
+                        self.topics.put(t.name, len(t.partitions), getattr(t, "topic_id", None))
+                    elif t.error_code == checks.UNKNOWN_TOPIC_OR_PARTITION and t.name:
+                        self.topics.forget(t.name)  # gone since the cache learned it
+        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError) as exc:
+            ctx.cluster.dialer.log_failure("partition_lookup", logging.WARNING, "cannot look up partition counts at "
+                                           "%s:%d: %s", *address, exc or type(exc).__name__)
+        if self.topics.num_partitions_default is None and key == ApiKey.CREATE_TOPICS:
+            self.topics.num_partitions_default = self.fallback_num_partitions
+        refreshed = self._topics(key, header.api_version, req, ctx.cluster.brokers)
+        for t in refreshed:
+            if t.mutations is None:
+                t.mutations = 0
+                if t.refusal is None and key != ApiKey.CREATE_TOPICS:
+                    # Not found: deleting it or adding partitions to it fails, and costs nothing.
+                    t.refusal = (checks.create_partitions_refusal(t.item, None, duplicate=False)
+                                 if key == ApiKey.CREATE_PARTITIONS
+                                 else checks.delete_topic_refusal(not t.name, False, duplicate=False))
+        return self._decide(ctx, header, frame, req, entry, refreshed, limited, looked_up=True)
+
+    def _decide(self, ctx, header, frame, req, entry, topics: list[_Topic], limited: bool, looked_up: bool):
+        entry.mutations = sum(t.mutations or 0 for t in topics if t.refusal is None)
+        user, client_id = ctx.session.principal, header.client_id or ""
+        entry.note = _Charges(user, client_id, limited, topics)
+        if not limited:
+            return None
+        now = now_ms()
+        strict = header.api_version >= STRICT_SINCE[header.api_key]
+        if not looked_up and self._would_refuse(user, client_id, topics, now, strict):
+            # Before refusing or throttling anything, what the broker says of these topics now.
+            return Defer(self._after_lookup(ctx, header, frame, req, entry, limited, refresh=True))
+        if not strict:
+            return self._permissive(ctx, entry, topics, user, client_id, now)
+        admitted, throttle = [], 0
+        shadow_refused, shadow_throttle = 0, 0
+        enforced = not self.manager.resolve(user, client_id, CONTROLLER_MUTATION_RATE).shadow
+        in_debt: dict[object, bool] = {}  # a duplicate shares its first entry's fate
+        for t in topics:
+            if t.refusal is not None:
+                key = t.name or t.topic_id
+                if key not in in_debt:
+                    in_debt[key] = enforced and (self.manager.tokens(user, client_id, CONTROLLER_MUTATION_RATE,
+                                                                     now) or 0.0) < 0
+                if in_debt[key]:
+                    t.answer = t.refusal  # Kafka's own answer, never forwarded: see the module docstring
+                else:
+                    admitted.append(t)
+                continue
+            if not t.mutations:
+                admitted.append(t)
+                continue
+            decision = self.manager.try_admit(user, client_id, CONTROLLER_MUTATION_RATE, t.mutations, now)
+            if decision.admitted:
+                t.charged = t.mutations
+                admitted.append(t)
+            elif decision.shadow:
+                t.shadow_refused = True
+                admitted.append(t)
+                shadow_refused += 1
+                shadow_throttle = max(shadow_throttle, decision.throttle_ms)
+            else:
+                t.answer = checks.Refusal(errors.THROTTLING_QUOTA_EXCEEDED, THROTTLED_MESSAGE)
+                throttle = max(throttle, decision.throttle_ms)
+        if shadow_refused:
+            shadow_rejected(ctx, entry, CONTROLLER_MUTATION_RATE, shadow_throttle,
+                            f"{shadow_refused} of {len(topics)} topics")
+        if len(admitted) == len(topics):
+            return None  # StrictControllerMutationQuota: no rejection, no throttle
+        entry.rejected = any(t.answer is not None and t.answer.error_code == errors.THROTTLING_QUOTA_EXCEEDED
+                             for t in topics)
+        if not admitted:
+            body = encode_body(self._response(header.api_key, header.api_version, topics, None, throttle))
+            flexible = SPECS[header.api_key].is_flexible(header.api_version)
+            return Answer(encode_response_header(header.correlation_id, flexible) + body, throttle_ms=throttle)
+        self._keep_only(header.api_key, header.api_version, req, admitted)
+        return Forward(bytes(frame[: header.body_offset]) + encode_body(req), throttle_ms=throttle,
+                       on_response=lambda response_frame: self._merge(entry, response_frame, topics, throttle))
+
+    def _permissive(self, ctx, entry, topics: list[_Topic], user: str, client_id: str, now: int):
+        """PermissiveControllerMutationQuota: every topic forwarded, the ones Kafka would create
+        charged together, throttled while in debt."""
+        if not entry.mutations:
+            return None
+        decision = self.manager.record(user, client_id, CONTROLLER_MUTATION_RATE, entry.mutations, now)
+        for t in topics:
+            if t.refusal is None:
+                t.charged = t.mutations or 0
+        if decision.throttle_ms:
+            if decision.shadow:
+                shadow_throttled(ctx, entry, CONTROLLER_MUTATION_RATE, decision.throttle_ms)
+                return None
+            return Forward(throttle_ms=decision.throttle_ms)
+        return None
+
+    def _would_refuse(self, user: str, client_id: str, topics: list[_Topic], now: int, strict: bool) -> bool:
+        """Whether a decision on what the proxy knows now would answer any topic itself (89, or
+        a refusal while in debt) or, permissive, throttle the request; charges nothing."""
+        tokens = self.manager.tokens(user, client_id, CONTROLLER_MUTATION_RATE, now)
+        if tokens is None:
+            return False
+        if not strict:
+            return tokens - sum(t.mutations or 0 for t in topics if t.refusal is None) < 0
+        for t in topics:
+            if tokens < 0:
+                return True  # this topic would be refused, or answered its refusal by the proxy
+            if t.refusal is None:
+                tokens -= t.mutations or 0
+        return False
+
+    # -- response side: settle the charges, keep the partition counts current ----------------
+
+    def on_response(self, ctx, entry, frame):
+        if entry.note is VALIDATE_ONLY:
+            return frame
+        offset = response_body_offset(frame, entry.api_key, entry.api_version)
+        resp = decode_response(entry.api_key, entry.api_version, memoryview(frame)[offset:])
+        results = getattr(resp, _RESULTS[entry.api_key])
+        if entry.api_key == ApiKey.CREATE_PARTITIONS:
+            for t in results:
+                if t.error_code == 0:
+                    self.topics.forget(t.name)  # the new count is learned at the next lookup
+        elif entry.api_key == ApiKey.CREATE_TOPICS:
+            for t in results:
+                if t.error_code == 0 and getattr(t, "num_partitions", -1) > 0:
+                    self.topics.put(t.name, t.num_partitions, getattr(t, "topic_id", None))
+        else:
+            for t in results:
+                if t.error_code == 0 and t.name:
+                    self.topics.forget(t.name)
+        if isinstance(entry.note, _Charges):
+            self._settle(entry, entry.note, results)
+        return frame
+
+    def _settle(self, entry, charges: _Charges, results) -> None:
+        """What the broker did, charged; what it refused, given back (only the topics it was sent)."""
+        now = None
+        for r in results:
+            t = charges.by_name.get(r.name) if r.name else None
+            if t is None and getattr(r, "topic_id", None) is not None:
+                t = charges.by_id.get(r.topic_id)
+            if t is None or t.answer is not None or t.shadow_refused:
+                continue
+            done = checks.charged(entry.api_key, r.error_code)
+            if t.charged and not done:
+                amount, t.charged = t.charged, 0
+                entry.mutations -= amount
+                if charges.limited:
+                    now = now or now_ms()
+                    self.manager.unrecord(charges.user, charges.client_id, CONTROLLER_MUTATION_RATE, amount, now)
+            elif (not t.charged and t.refusal is not None and r.error_code == 0
+                  and entry.api_key == ApiKey.CREATE_TOPICS):
+                # Created although Kafka would have refused it (a cache gone stale, a broker laxer
+                # than Kafka): charged now, so the next request pays for it.
+                created = getattr(r, "num_partitions", -1)
+                amount = t.charged = created if created > 0 else (t.mutations or 0)
+                entry.mutations += amount
+                if charges.limited and amount:
+                    now = now or now_ms()
+                    self.manager.charge(charges.user, charges.client_id, CONTROLLER_MUTATION_RATE, amount, now)
+
+    # -- rewriting --------------------------------------------------------------------------
+
+    @staticmethod
+    def _keep_only(key: int, version: int, req, admitted: list[_Topic]) -> None:
+        items = [t.item for t in admitted]
+        if key == ApiKey.DELETE_TOPICS and version < 6:
+            req.topic_names = items
+        else:
+            req.topics = items
+
+    def _merge(self, entry, frame, topics: list[_Topic], throttle: int):
+        offset = response_body_offset(frame, entry.api_key, entry.api_version)
+        resp = decode_response(entry.api_key, entry.api_version, memoryview(frame)[offset:])
+        merged = self._response(entry.api_key, entry.api_version, topics, resp, throttle)
+        return bytes(frame[:offset]) + encode_body(merged)
+
+    def _response(self, key: int, version: int, topics: list[_Topic], upstream, throttle: int):
+        """The response in the request's topic order: the broker's result for forwarded topics,
+        the proxy's answer (THROTTLING_QUOTA_EXCEEDED, or Kafka's refusal) for the others."""
+        cls = SPECS[key].response[version]
+        results_attr = _RESULTS[key]
+        by_name, by_id = {}, {}
+        for r in getattr(upstream, results_attr, None) or ():
+            if r.name:
+                by_name[r.name] = r
+            if getattr(r, "topic_id", None) is not None:
+                by_id[r.topic_id] = r
+        results, seen = [], set()
+        for t in topics:
+            if (t.name or t.topic_id) in seen:
+                continue  # ControllerApis answers a duplicate once (INVALID_REQUEST)
+            seen.add(t.name or t.topic_id)
+            found = None
+            if t.answer is None:
+                found = by_name.get(t.name) if t.name else None
+                if found is None and t.topic_id is not None:
+                    found = by_id.get(t.topic_id)
+            results.append(found if found is not None else self._answered(key, version, t))
+        broker_throttle = upstream.throttle_time_ms if upstream is not None else 0
+        resp = cls(throttle_time_ms=max(broker_throttle, throttle))
+        setattr(resp, results_attr, results)
+        return resp
+
+    @staticmethod
+    def _answered(key: int, version: int, t: _Topic):
+        code, message = t.answer or (errors.THROTTLING_QUOTA_EXCEEDED, THROTTLED_MESSAGE)
+        cls = SPECS[key].response[version]
+        if key == ApiKey.CREATE_TOPICS:
+            return cls.CreatableTopicResult(
+                name=t.name, error_code=code, error_message=message,
+                num_partitions=-1, replication_factor=-1, configs=None,
+            )
+        if key == ApiKey.CREATE_PARTITIONS:
+            return cls.CreatePartitionsTopicResult(name=t.name, error_code=code, error_message=message)
+        result = cls.DeletableTopicResult(name=t.name, error_code=code, error_message=message)
+        if t.topic_id is not None:
+            result.topic_id = t.topic_id
+        return result
