@@ -474,7 +474,7 @@ def _upstream(data: Any, path: str) -> UpstreamConfig:
 
 
 def _upstream_tls(data: Any, path: str) -> UpstreamTlsConfig:
-    """Like listen.tls, the files are checked where they are loaded (proxy.tls)."""
+    """Like listen.tls, the files are checked where they are loaded (proxy.identity.tls)."""
     m = mapping(data, path, {"ca", "verify_hostname", "certificate", "key", "key_password_file",
                              "key_password_env", "key_password"})
     _no_inline_secret(m, path, "key_password", "key_password_file or key_password_env")
@@ -574,7 +574,7 @@ _CLIENT_AUTH = ("none", "requested", "required")
 
 
 def _listen_tls(data: Any, path: str) -> ListenTlsConfig:
-    """The files are checked where they are loaded (proxy.tls), so check-config and a start
+    """The files are checked where they are loaded (proxy.identity.tls), so check-config and a start
     report a missing or broken one with this path too."""
     d = ListenTlsConfig(certificate="", key="")
     m = _section(data, path, {"certificate", "key", "key_password_file", "key_password_env", "client_auth", "ca",

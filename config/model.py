@@ -241,7 +241,7 @@ FLEET_FALLBACKS = ("share", "local")
 @dataclass(frozen=True)
 class FleetConfig:
     """One quota for the whole fleet: instances share their usage through a Kafka topic
-    (proxy.fleet, quotas.fleet). Off by default: each instance enforces alone."""
+    (proxy.control.fleet, quotas.fleet). Off by default: each instance enforces alone."""
 
     enabled: bool = False
     topic: str = "__kqp_quota_usage"

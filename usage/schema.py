@@ -1,6 +1,6 @@
 """The usage log's schema, version 3: one row per interval start, proxy, user, client id and API key.
 
-``proxy.usage_log`` writes rows of this schema as Parquet; ``pipeline`` reads them. This module
+``proxy.observability.usage_log`` writes rows of this schema as Parquet; ``pipeline`` reads them. This module
 is the only thing the two share about the file, and it imports nothing but the standard library
 (pyarrow only inside ``arrow_schema``).
 
