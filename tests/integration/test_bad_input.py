@@ -130,7 +130,7 @@ def test_unreachable_upstream_is_reported_and_retried(caplog):
         assert proxy.metric("kqp_upstream_connect_failures_total") >= 2
         assert any("cannot reach broker" in r.getMessage() for r in caplog.records)
         assert any("giving up" in r.getMessage() for r in caplog.records)
-        assert proxy.app.server.health()[0]  # the proxy itself is still serving
+        assert proxy.server.health()[0]  # the proxy itself is still serving
 
 
 def test_upstream_closing_mid_response_closes_only_that_client(caplog):
@@ -142,7 +142,7 @@ def test_upstream_closing_mid_response_closes_only_that_client(caplog):
             c.sendall(struct.pack(">i", 12) + struct.pack(">hhih", 999, 0, 1, 2) + b"id")
             assert is_closed(c)
         assert any("requests in flight" in r.getMessage() for r in caplog.records)
-        assert proxy.app.server.health()[0]
+        assert proxy.server.health()[0]
 
 
 def test_client_disconnect_with_requests_in_flight_closes_upstream():

@@ -392,7 +392,7 @@ def _delete_setup(tansu, proxy) -> None:
     with Wire(tansu_address(tansu), "direct") as w:
         resp, _ = w.call(create_topics(7, ["del-c"], 20))
         assert codes(resp) == [0]
-    cache = proxy.app.server.topics
+    cache = proxy.server.topics
     assert proxy.run(lambda: (cache.count("del-a"), cache.count("del-b"), cache.count("del-c"),
                               cache.count("del-d"))) == (20, 20, None, 10)
 

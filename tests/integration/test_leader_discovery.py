@@ -196,7 +196,7 @@ def _hints(proxy) -> dict[str, float]:
 
 
 def _cached_leader(proxy, topic: str, index: int) -> tuple[int, int] | None:
-    known = proxy.run(lambda: proxy.app.server.leaders.leader(topic, index))
+    known = proxy.run(lambda: proxy.server.leaders.leader(topic, index))
     return None if known is None else (known.leader, known.epoch)
 
 
@@ -217,7 +217,7 @@ def _assert_no_broker_address(cluster, *frames: bytes) -> None:
 
 
 def _assert_proxy_listener(proxy, node_id: int, host: str, port: int) -> None:
-    assert (host, port) == ("127.0.0.1", proxy.run(lambda: proxy.app.server.cluster.node_ports[node_id]))
+    assert (host, port) == ("127.0.0.1", proxy.run(lambda: proxy.server.cluster.node_ports[node_id]))
 
 
 def _proxy_metadata_requests(cluster, since: int):
@@ -362,8 +362,8 @@ def test_fetch_of_a_topic_the_proxy_knows_only_by_id():
     id: the proxy refreshes that id, learns the topic, and fills the hint."""
     with _stack(Script(leader_hints=False), {"orders": [1]}, leader_discovery=NO_HINT_WAIT) as (cluster, proxy):
         topic_id = cluster.topics["orders"].topic_id
-        node1 = ("127.0.0.1", proxy.run(lambda: proxy.app.server.cluster.node_ports[1]))
-        assert proxy.run(lambda: proxy.app.server.leaders.name_of(topic_id)) is None
+        node1 = ("127.0.0.1", proxy.run(lambda: proxy.server.cluster.node_ports[1]))
+        assert proxy.run(lambda: proxy.server.leaders.name_of(topic_id)) is None
         cluster.call(cluster.move_leader, "orders", 0, 5)
         mark = len(cluster.requests)
         with Client(node1) as c:
@@ -374,7 +374,7 @@ def test_fetch_of_a_topic_the_proxy_knows_only_by_id():
             asked = [(t.name, t.topic_id) for r in _proxy_metadata_requests(cluster, mark) for t in r.body.topics]
             assert asked == [(None, topic_id)]
             second = c.call(_fetch(topic_id, 0))
-        node5 = proxy.run(lambda: proxy.app.server.cluster.node_ports[5])
+        node5 = proxy.run(lambda: proxy.server.cluster.node_ports[5])
         assert _fetched(second.resp).error_code == NOT_LEADER
         assert _hint(_fetched(second.resp)) == (5, 1)
         assert _endpoints(second.resp) == [(5, "127.0.0.1", node5, None)]
@@ -762,7 +762,7 @@ def _assert_proxy_addresses_only(cluster, proxy, client: RdkProducer) -> None:
     requests to each node the leader moved to; all its messages were delivered."""
     assert all(err is None for err, _ in client.delivered), client.delivered
     seen = client.brokers_seen()
-    ports = proxy.run(lambda: dict(proxy.app.server.cluster.node_ports))
+    ports = proxy.run(lambda: dict(proxy.server.cluster.node_ports))
     for node_id in set(MOVES):
         assert seen[node_id][:2] == ("127.0.0.1", ports[node_id]) and seen[node_id][2]["Produce"] > 0
     broker_ports = {cluster.broker(n).address[1] for n in NODE_IDS}

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.integration
 def test_broker_port_served_straight_after_start_without_a_bootstrap_round():
     # A client that cached a broker address from before a proxy restart connects to it directly.
     with LocalTansu() as tansu, InProcessProxy([tansu.bootstrap]) as proxy:
-        node_ports = proxy.run(lambda: dict(proxy.app.server.cluster.node_ports))
+        node_ports = proxy.run(lambda: dict(proxy.server.cluster.node_ports))
         assert len(node_ports) == 1
         (node_id, port), = node_ports.items()
         assert proxy.metric("kqp_requests_total") == 0  # no client traffic yet

@@ -30,7 +30,7 @@ def sasl_proxy():
 
 def _sessions(proxy) -> list[tuple[str | None, str, bool]]:
     return proxy.run(lambda: [(s.client_id, s.principal, s.authenticated)
-                              for s in (c.ctx.session for c in proxy.app.server.connections)])
+                              for s in (c.ctx.session for c in proxy.server.connections)])
 
 
 def _wait_for(proxy, predicate, timeout_s: float = 5.0):

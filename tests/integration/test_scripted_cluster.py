@@ -55,7 +55,7 @@ def _broker_ports(cluster) -> set[int]:
 
 def _assert_proxy_address(proxy, host, port):
     assert host == "127.0.0.1"
-    served = proxy.run(lambda: set(proxy.app.server.cluster.node_ports.values()))
+    served = proxy.run(lambda: set(proxy.server.cluster.node_ports.values()))
     assert port in served, f"{host}:{port} is not a proxy listener ({served})"
 
 

@@ -406,7 +406,7 @@ def test_a_reload_from_shadow_to_enforce_keeps_what_shadow_mode_measured(tansu, 
             raw = {"upstream": {"bootstrap_servers": [tansu.bootstrap]}, "quota_windows": WINDOWS,
                    "quotas": [{**quota, "mode": "enforce"}]}
             with caplog.at_level("WARNING", logger="proxy.app.server"):
-                proxy.run(proxy.app.server.reload, parse_config(raw))
+                proxy.run(proxy.server.reload, parse_config(raw))
             assert any("reload puts the quotas of client_id=switch in enforce mode" in r.getMessage()
                        for r in caplog.records)
             producer.send(topic, value=b"s", partition=0).get(10)  # a few bytes, but the rate is kept

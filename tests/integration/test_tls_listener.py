@@ -132,7 +132,7 @@ def test_a_client_certificate_gives_the_principal_and_sasl_is_not_needed(tansu, 
     rules = "RULE:^CN=([^,]*),OU=Payments,.*$/$1@payments/L,DEFAULT"
     tls = _tls(pki, client_auth="requested", ca=pki.ca_file, principal_mapping_rules=rules)["listen"]["tls"]
     with InProcessProxy([tansu.bootstrap], listen={"tls": tls}) as proxy:
-        address = proxy.app.server.bootstrap_address
+        address = proxy.server.bootstrap_address
         certs = {"Alice": pki.client("alice", "Alice", organization_unit="Payments"),
                  "bob": pki.client("bob", "bob")}
         socks = []
@@ -142,7 +142,7 @@ def test_a_client_certificate_gives_the_principal_and_sasl_is_not_needed(tansu, 
                 s = pki.client_context(cert).wrap_socket(raw, server_hostname="127.0.0.1")
                 socks.append(s)
                 assert api_versions_round_trip(s) == 7
-            principals = proxy.run(lambda: sorted(c.ctx.session.principal for c in proxy.app.server.connections))
+            principals = proxy.run(lambda: sorted(c.ctx.session.principal for c in proxy.server.connections))
         finally:
             for s in socks:
                 s.close()
