@@ -22,6 +22,7 @@ from proxy.control.fleet import FleetCollector, FleetExchange
 from proxy.control.quota_store import OverlayStore, QuotaStore
 from proxy.control.quota_topic_store import QuotaStoreCollector, TopicStore
 from proxy.dataplane.connection import ClientConnection
+from proxy.dataplane.environment import ConnectionEnv, Served
 from proxy.dataplane.filters import FilterChain
 from proxy.dataplane.filters.api_versions import ApiVersionsFilter
 from proxy.dataplane.filters.client_quotas import ClientQuotasFilter
@@ -158,7 +159,7 @@ class ProxyServer:
         self.chain = default_chain(config, self.quotas, self.topics, self.producer_id_filter, self.limiter_filter,
                                    LeaderHintFilter(self.leaders, self.refresher, ld.fill_hints,
                                                     ld.hint_wait_ms / 1000), usage_filter, self.client_quotas)
-        self.connections: set[ClientConnection] = set()
+        self.connections: set[Served] = set()
         # TLS termination on the client listeners (None: plaintext); ConfigError for a bad file.
         self.tls = server_tls(config.listen.tls) if config.listen.tls is not None else None
         if config.listen.tls is not None or config.upstream.tls is not None:
@@ -167,6 +168,10 @@ class ProxyServer:
         up = config.upstream
         self._readiness = Readiness(self.stats, self.cluster, 2 * up.metadata_refresh_interval_s + up.connect_timeout_s)
         self.registry.register(GuardCollector(self.guard))
+        # What every client connection is given: the parts, not this server.
+        self.env = ConnectionEnv(self.chain, self.stats, self.guard, self.cluster, self.topics, self.leaders,
+                                 self.usage, config.upstream, config.listen.max_frame_bytes, self.connections,
+                                 lambda: self.tls)
         self._servers: list[asyncio.AbstractServer] = []
         self._tasks: set[asyncio.Task] = set()
         self.bootstrap_address: tuple[str, int] | None = None
@@ -188,7 +193,7 @@ class ProxyServer:
         loop = asyncio.get_running_loop()
         listen = self.config.listen
         server = await loop.create_server(
-            lambda: ClientConnection(self, None), listen.host, listen.bootstrap_port,
+            lambda: ClientConnection(self.env, None), listen.host, listen.bootstrap_port,
             reuse_address=True, backlog=1024,
         )
         self._servers.append(server)
@@ -365,7 +370,7 @@ class ProxyServer:
     def _serve_node(self, node_id: int, sock: socket.socket) -> None:
         async def serve() -> None:
             loop = asyncio.get_running_loop()
-            server = await loop.create_server(lambda: ClientConnection(self, node_id), sock=sock)
+            server = await loop.create_server(lambda: ClientConnection(self.env, node_id), sock=sock)
             self._servers.append(server)
 
         self._spawn(serve())

@@ -21,19 +21,34 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from config import ConfigError
+from config.model import Config
+from proxy.cluster.brokers import Cluster
 from proxy.control.file_signature import Signature, signature
-from proxy.identity.tls import client_tls, server_tls
+from proxy.identity.tls import ServerTls, client_tls, server_tls
+from proxy.observability.stats import ProxyStats
 
-if TYPE_CHECKING:
-    from proxy.app.server import ProxyServer
+
+class TlsOwner(Protocol):
+    """What a certificate reload reads, and the listener TLS it swaps (ProxyServer is one)."""
+
+    tls: ServerTls | None
+
+    @property
+    def config(self) -> Config: ...
+
+    @property
+    def stats(self) -> ProxyStats: ...
+
+    @property
+    def cluster(self) -> Cluster: ...
 
 log = logging.getLogger(__name__)
 
 
-def tls_files(server: ProxyServer) -> list[str]:
+def tls_files(server: TlsOwner) -> list[str]:
     """Every file the TLS settings in force read."""
     files = []
     for cfg in (server.config.listen.tls, server.config.upstream.tls):
@@ -48,7 +63,7 @@ class CertificateReloader:
 
     POLL_S = 1.0
 
-    def __init__(self, server: ProxyServer, debounce_s: float) -> None:
+    def __init__(self, server: TlsOwner, debounce_s: float) -> None:
         self.server = server
         self.debounce_s = debounce_s
         self.files = tls_files(server)

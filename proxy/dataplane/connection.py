@@ -19,27 +19,25 @@ import asyncio
 import logging
 import time
 from struct import Struct
-from typing import TYPE_CHECKING
+from typing import Any
 
 from protocol.apis import ApiKey
 from protocol.frames import FrameError, FrameReader
 from protocol.headers import request_head
 from protocol.produce import framed_acks_not_zero
-from proxy.dataplane.filters.api import FilterContext
+from proxy.dataplane.environment import ConnectionEnv
+from proxy.dataplane.filters.api import ConnectionActions, FilterContext
 from proxy.dataplane.flow import ChannelMute, ReadGate
 from proxy.dataplane.guard import Deadlines
 from proxy.dataplane.inflight import InFlight
 from proxy.dataplane.raw_sasl import RawSasl
-from proxy.dataplane.requests import RequestSide
-from proxy.dataplane.response_queue import ResponseQueue, write
+from proxy.dataplane.requests import RequestOwner, RequestSide
+from proxy.dataplane.response_queue import QueueOwner, ResponseQueue, write
 from proxy.dataplane.routes import ASSEMBLED, plan_route
 from proxy.dataplane.upstream import UpstreamConnection, open_upstream, response_failed, tune
 from proxy.identity.principal import Session
-from proxy.identity.tls import EarlyBytes, handshake
+from proxy.identity.tls import EarlyBytes, HandshakeFailure, ServerTls, handshake
 from proxy.observability.stats import SLOT_VERSIONS
-
-if TYPE_CHECKING:
-    from proxy.app.server import ProxyServer
 
 __all__ = ["ClientConnection", "UpstreamConnection"]
 
@@ -50,20 +48,45 @@ _PRODUCE = int(ApiKey.PRODUCE)
 
 class _Closed:
     """What the parts of a closed connection (its FilterContext, response queue and request
-    side) reach instead of it: closed, and every action a no-op."""
+    side) reach instead of it: a RequestOwner, QueueOwner and ConnectionActions that is closed,
+    and whose every action is a no-op."""
 
     closed = True
-    channel_mute = None
-    raw_sasl = None
+    channel_mute: ChannelMute | None = None
+    raw_sasl: RawSasl | None = None
+    gate: ReadGate | None = None
 
-    def _nothing(self, *args: object, **kwargs: object) -> None:
-        return None
+    def mute(self, throttle_ms: int) -> None:
+        pass
 
-    mute = uplift_changed = start_raw_sasl = close = response_failed = reject = send_upstream = _nothing
-    hold_for_throttle = requests_done = _nothing
+    def uplift_changed(self, uplift: dict[int, int] | None) -> None:
+        pass
+
+    def start_raw_sasl(self, mechanism: str | None) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def response_failed(self, exc: Exception) -> None:
+        pass
+
+    def reject(self, reason: str, detail: str, drain: bool = False) -> None:
+        pass
+
+    def send_upstream(self, out: list[Any]) -> None:
+        pass
+
+    def hold_for_throttle(self, entry: InFlight | None) -> None:
+        pass
+
+    def requests_done(self) -> None:
+        pass
 
 
 CLOSED = _Closed()
+# The stand-in is each contract it stands in for (mypy checks this line).
+_STANDS_IN: tuple[RequestOwner, QueueOwner, ConnectionActions] = (CLOSED, CLOSED, CLOSED)
 
 
 class ClientConnection(asyncio.Protocol):
@@ -74,26 +97,26 @@ class ClientConnection(asyncio.Protocol):
     (proxy.dataplane.response_queue)."""
 
     __slots__ = (
-        "server", "chain", "stats", "usage", "ctx", "queue", "raw_sasl", "requests", "transport", "gate",
+        "env", "chain", "stats", "usage", "ctx", "queue", "raw_sasl", "requests", "transport", "gate",
         "channel_mute", "upstream", "closed", "_reader", "_unsent", "_connect_task", "_hot_head", "_through",
         "_accept_timer", "_ip", "_active", "deadlines", "_pool_bytes",
     )
 
-    def __init__(self, server: ProxyServer, node_id: int | None) -> None:
-        self.server = server
-        self.chain = server.chain
-        self.stats = server.stats
-        self.usage = server.usage  # proxy.observability.usage_log.UsageLog, or None when off
-        self.ctx = FilterContext(Session(), node_id, server.cluster, server.topics, server.leaders, server.stats, self)
+    def __init__(self, env: ConnectionEnv, node_id: int | None) -> None:
+        self.env = env
+        self.chain = env.chain
+        self.stats = env.stats
+        self.usage = env.usage  # proxy.observability.usage_log.UsageLog, or None when off
+        self.ctx = FilterContext(Session(), node_id, env.cluster, env.topics, env.leaders, env.stats, self)
         self.queue = ResponseQueue(self.ctx, self.usage, self)
         self.raw_sasl: RawSasl | None = None  # made by the first SaslHandshake v0
-        self.requests = RequestSide(self)
+        self.requests = RequestSide(self, self.ctx, self.queue, self.stats, self.usage, self.chain)
         self.transport: asyncio.Transport | None = None
         self.gate: ReadGate | None = None
         self.channel_mute: ChannelMute | None = None  # made by the first throttle or mute
         self.upstream: UpstreamConnection | None = None
         self.closed = False
-        self._reader = FrameReader(server.config.listen.max_frame_bytes)
+        self._reader = FrameReader(env.max_frame_bytes)
         self._unsent: list = []  # frames for the broker before its connection is up
         self._connect_task: asyncio.Task | None = None
         # While the hot path may run (see _arm): the request head that ends with the last client
@@ -118,7 +141,7 @@ class ClientConnection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self._ip = peer[0] if peer else ""
         self.ctx.label = f"{peer[0]}:{peer[1]}" if peer else "client"
-        admission = self.server.guard.admit(self._ip)
+        admission = self.env.guard.admit(self._ip)
         loop = asyncio.get_running_loop()
         if not admission.accepted:
             # Never served: no broker connection, not counted open; an IP over its creation
@@ -130,21 +153,27 @@ class ClientConnection(asyncio.Protocol):
             else:
                 transport.close()
             return
-        if self.server.tls is not None:
+        tls = self.env.listener_tls()
+        if tls is not None:
             # Until the TLS layer takes the transport, what it reads is kept for that layer.
             early = EarlyBytes()
             transport.set_protocol(early)
             transport.pause_reading()
-            self._connect_task = loop.create_task(self._start_tls(transport, early, admission.delay_ms))
+            self._connect_task = loop.create_task(self._start_tls(transport, early, tls, admission.delay_ms))
             return
         self._serve(transport, admission.delay_ms)
 
-    async def _start_tls(self, raw: asyncio.Transport, early: EarlyBytes, delay_ms: int) -> None:
-        done = await handshake(raw, early, self.server.tls, self.server, self.ctx.label)
+    async def _start_tls(self, raw: asyncio.Transport, early: EarlyBytes, tls: ServerTls, delay_ms: int) -> None:
+        done = await handshake(raw, early, tls)
         self._connect_task = None  # held until now: a task nothing refers to may be collected
-        if done is None:
-            self.closed = True  # never served: counted by the handshake, not open
-            self.server.guard.release(self._ip)
+        if isinstance(done, HandshakeFailure):
+            self.closed = True  # never served: counted here, not open
+            guard = self.env.guard
+            self.stats.tls_handshake_failures[done.reason] += 1
+            guard.closed["tls_handshake"] += 1
+            guard.log(f"tls_{done.reason}", logging.WARNING, "TLS handshake with %s failed (%s): %s",
+                      self.ctx.label, done.reason, done.detail, logger=log)
+            guard.release(self._ip)
             return
         transport, principal, after = done
         if principal is not None:
@@ -164,7 +193,7 @@ class ClientConnection(asyncio.Protocol):
         self.queue.transport = transport
         self.gate = ReadGate(transport, self.stats)
         self.stats.open_connections += 1
-        self.server.connections.add(self)
+        self.env.connections.add(self)
         self.deadlines = Deadlines(time.monotonic())
         if delay_ms:
             # max_connection_creation_rate: accepted later, as Kafka's Acceptor waits.
@@ -241,7 +270,7 @@ class ClientConnection(asyncio.Protocol):
 
     def connection_lost(self, exc) -> None:
         if self.queue.pending and not self.closed:
-            self.server.guard.log("client_gone", logging.INFO, "client %s disconnected with %d requests in flight",
+            self.env.guard.log("client_gone", logging.INFO, "client %s disconnected with %d requests in flight",
                                   self.ctx.label, len(self.queue.pending), logger=log)
         self._teardown()
 
@@ -256,7 +285,7 @@ class ClientConnection(asyncio.Protocol):
         if held or self._pool_bytes:
             self._pool_bytes = held
             if not self.closed:
-                self.server.guard.pool.update(self, held)
+                self.env.guard.pool.update(self, held)
 
     def bytes_to_finish(self) -> int:
         """Bytes still to come of the frame being read (0: none is being read)."""
@@ -332,7 +361,7 @@ class ClientConnection(asyncio.Protocol):
     def start_raw_sasl(self, mechanism: str | None) -> None:
         """SaslHandshake v0 succeeded: the next client frames are raw SASL tokens."""
         if self.raw_sasl is None:
-            self.raw_sasl = RawSasl(self.ctx, self.queue, self.server.guard.log)
+            self.raw_sasl = RawSasl(self.ctx, self.queue, self.env.guard.log)
         if not self.raw_sasl.start(mechanism):
             self.reject("unsupported_sasl", f"SaslHandshake v0 with {mechanism} is not supported")
             return
@@ -394,8 +423,8 @@ class ClientConnection(asyncio.Protocol):
     def _close_counted(self, reason: str, detail: str, drain: bool = False) -> None:
         """Closes this connection, counted in kqp_connections_closed_total{reason} and logged
         (rate-limited per reason)."""
-        self.server.guard.closed[reason] += 1
-        self.server.guard.log(reason, logging.WARNING, "closing %s (client_id=%s): %s", self.ctx.label,
+        self.env.guard.closed[reason] += 1
+        self.env.guard.log(reason, logging.WARNING, "closing %s (client_id=%s): %s", self.ctx.label,
                               self.ctx.session.client_id, detail, logger=log)
         if drain and self.queue.pending:
             self.queue.close_when_drained = True
@@ -417,9 +446,9 @@ class ClientConnection(asyncio.Protocol):
         self._arm()
         if self.gate is not None:  # served (a TLS connection is, once its handshake is done)
             self.stats.open_connections -= 1
-        self.server.guard.release(self._ip)
+        self.env.guard.release(self._ip)
         if self._pool_bytes:
-            self.server.guard.pool.release(self)
+            self.env.guard.pool.release(self)
         if self.channel_mute is not None:
             self.channel_mute.cancel()
             self.channel_mute = None
@@ -427,7 +456,7 @@ class ClientConnection(asyncio.Protocol):
             self._accept_timer.cancel()
         if self.gate is not None:
             self.gate.release()
-        self.server.connections.discard(self)
+        self.env.connections.discard(self)
         if self._connect_task is not None and not self._connect_task.done():
             self._connect_task.cancel()
         if self.requests.deferred is not None:

@@ -17,7 +17,7 @@ import asyncio
 import logging
 import time
 from struct import Struct
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from protocol.apis import ApiKey, api_name
 from protocol.errors import ProtocolError
@@ -30,12 +30,44 @@ from proxy.dataplane.response_queue import finish
 from proxy.dataplane.routes import plan_route
 
 if TYPE_CHECKING:
-    from proxy.dataplane.connection import ClientConnection
+    from proxy.dataplane.filters.api import FilterContext
+    from proxy.dataplane.filters.chain import FilterChain
+    from proxy.dataplane.flow import ChannelMute, ReadGate
+    from proxy.dataplane.raw_sasl import RawSasl
+    from proxy.dataplane.response_queue import ResponseQueue
+    from proxy.observability.stats import ProxyStats
 
 log = logging.getLogger(__name__)
 
 _INT32 = Struct(">i")
 _INT16 = Struct(">h")
+
+
+class RequestOwner(Protocol):
+    """What a RequestSide asks of its connection (a closed connection's stand-in answers too:
+    closed, and every action a no-op)."""
+
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def channel_mute(self) -> ChannelMute | None: ...
+
+    @property
+    def raw_sasl(self) -> RawSasl | None: ...
+
+    @property
+    def gate(self) -> ReadGate | None: ...
+
+    def send_upstream(self, out: list[Any]) -> None: ...
+
+    def reject(self, reason: str, detail: str, drain: bool = False) -> None: ...
+
+    def hold_for_throttle(self, entry: InFlight | None) -> None: ...
+
+    def mute(self, throttle_ms: int) -> None: ...
+
+    def requests_done(self) -> None: ...
 
 
 class RequestSide:
@@ -46,13 +78,14 @@ class RequestSide:
     __slots__ = ("conn", "ctx", "queue", "stats", "usage", "chain", "table", "client_id_field", "deferred",
                  "held", "held_error")
 
-    def __init__(self, conn: ClientConnection) -> None:
+    def __init__(self, conn: RequestOwner, ctx: FilterContext, queue: ResponseQueue, stats: ProxyStats,
+                 usage: Any, chain: FilterChain) -> None:
         self.conn = conn
-        self.ctx = conn.ctx
-        self.queue = conn.queue
-        self.stats = conn.stats
-        self.usage = conn.usage
-        self.chain = conn.chain
+        self.ctx = ctx
+        self.queue = queue
+        self.stats = stats
+        self.usage = usage  # proxy.observability.usage_log.UsageLog, or None when off
+        self.chain = chain
         self.table = self.chain.request_without_uplift
         self.client_id_field: bytes | None = None
         self.deferred: asyncio.Future[Any] | None = None
@@ -204,7 +237,9 @@ class RequestSide:
 
     def _defer(self, decision: Defer, header: RequestHeader, frame: Frame, entry: InFlight,
                rest: tuple[Any, ...]) -> None:
-        self.conn.gate.pause("deferred")
+        gate = self.conn.gate  # set once served: requests are only read then
+        if gate is not None:
+            gate.pause("deferred")
         self.deferred = deferred = asyncio.ensure_future(decision.decision)
         frame = bytes(frame)  # the chunk it came in is not ours to keep
         deferred.add_done_callback(lambda task: self._resume_deferred(task, header, frame, entry, rest))
@@ -232,8 +267,9 @@ class RequestSide:
             return
         if out:
             conn.send_upstream(out)
-        if self.deferred is None:
-            conn.gate.resume("deferred")
+        gate = conn.gate
+        if self.deferred is None and gate is not None:
+            gate.resume("deferred")
         self.process_held()
 
 

@@ -22,7 +22,7 @@ import asyncio
 import time
 from collections import deque
 from struct import Struct
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from protocol.apis import api_name
 from protocol.headers import response_correlation_id
@@ -61,6 +61,15 @@ def finish(entry: InFlight, frame: Frame) -> Frame:
     return frame
 
 
+class QueueOwner(Protocol):
+    """What a response queue asks of its connection: closing it once drained, closing it when a
+    held response's filters raise."""
+
+    def close(self) -> None: ...
+
+    def response_failed(self, exc: Exception) -> None: ...
+
+
 class UnexpectedResponse(Exception):
     """A broker frame that answers no request awaited, or not the oldest one."""
 
@@ -73,7 +82,7 @@ class ResponseQueue:
     __slots__ = ("pending", "awaiting", "transport", "ctx", "stats", "usage", "close_when_drained", "_acks0",
                  "_holding", "_conn")
 
-    def __init__(self, ctx: FilterContext, usage: Any, conn: Any) -> None:
+    def __init__(self, ctx: FilterContext, usage: Any, conn: QueueOwner) -> None:
         self.pending: deque[InFlight] = deque()
         self.awaiting: deque[InFlight] = deque()
         self.transport: asyncio.Transport | None = None

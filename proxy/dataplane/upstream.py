@@ -19,7 +19,7 @@ import logging
 import socket
 import ssl
 from struct import Struct
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from protocol.apis import api_name
 from protocol.errors import ProtocolError
@@ -31,7 +31,13 @@ from proxy.dataplane.response_queue import UnexpectedResponse
 from proxy.dataplane.routes import AS_READ, StreamRoute
 
 if TYPE_CHECKING:
-    from proxy.dataplane.connection import ClientConnection
+    from proxy.dataplane.environment import ConnectionEnv
+    from proxy.dataplane.filters.api import FilterContext
+    from proxy.dataplane.filters.chain import FilterChain
+    from proxy.dataplane.flow import ReadGate
+    from proxy.dataplane.raw_sasl import RawSasl
+    from proxy.dataplane.response_queue import ResponseQueue
+    from proxy.observability.stats import ProxyStats
 
 log = logging.getLogger(__name__)
 
@@ -53,18 +59,50 @@ def tune(transport: asyncio.Transport) -> None:
     transport.set_write_buffer_limits(high=_WRITE_HIGH_BYTES, low=_WRITE_LOW_BYTES)
 
 
-async def open_upstream(client: ClientConnection) -> UpstreamConnection | None:
+class UpstreamClient(Protocol):
+    """What the broker side asks of the client connection it serves."""
+
+    @property
+    def env(self) -> ConnectionEnv: ...
+
+    @property
+    def ctx(self) -> FilterContext: ...
+
+    @property
+    def queue(self) -> ResponseQueue: ...
+
+    @property
+    def stats(self) -> ProxyStats: ...
+
+    @property
+    def chain(self) -> FilterChain: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def gate(self) -> ReadGate | None: ...
+
+    @property
+    def raw_sasl(self) -> RawSasl | None: ...
+
+    def close(self) -> None: ...
+
+    def reject(self, reason: str, detail: str, drain: bool = False) -> None: ...
+
+
+async def open_upstream(client: UpstreamClient) -> UpstreamConnection | None:
     """Connects to the broker behind ``client``'s listener, trying the configured number of
     times with back-off; None when every attempt failed or the client closed meanwhile (each
     failure counted and logged, rate-limited)."""
-    server = client.server
-    cfg = server.config.upstream
-    dialer = server.cluster.dialer
+    env = client.env
+    cfg = env.upstream
+    dialer = env.cluster.dialer
     # TLS to the broker when upstream.tls is set; the client's own SASL frames pass through.
     tls = {} if dialer.tls is None else {"ssl": dialer.tls, "ssl_handshake_timeout": cfg.connect_timeout_s}
     loop = asyncio.get_running_loop()
     for attempt in range(cfg.connect_attempts):
-        address = server.cluster.upstream_address(client.ctx.node_id, attempt)
+        address = env.cluster.upstream_address(client.ctx.node_id, attempt)
         try:
             _, protocol = await asyncio.wait_for(
                 loop.create_connection(lambda: UpstreamConnection(client), *address,
@@ -74,8 +112,8 @@ async def open_upstream(client: ClientConnection) -> UpstreamConnection | None:
         except (OSError, asyncio.TimeoutError) as exc:
             if isinstance(exc, ssl.SSLError):
                 dialer.failed("tls", address, exc)
-            server.stats.upstream_connect_failures += 1
-            server.guard.log(
+            client.stats.upstream_connect_failures += 1
+            env.guard.log(
                 "broker_unreachable", logging.WARNING, "cannot reach broker %s:%s for %s (attempt %d/%d): %s",
                 *address, client.ctx.label, attempt + 1, cfg.connect_attempts, exc or "timeout", logger=log,
             )
@@ -87,12 +125,12 @@ async def open_upstream(client: ClientConnection) -> UpstreamConnection | None:
             protocol.transport.close()
             return None
         return protocol
-    server.guard.log("broker_unreachable_final", logging.ERROR, "giving up on %s: no broker reachable after %d "
+    env.guard.log("broker_unreachable_final", logging.ERROR, "giving up on %s: no broker reachable after %d "
                      "attempts", client.ctx.label, cfg.connect_attempts, logger=log)
     return None
 
 
-def response_failed(client: ClientConnection, exc: Exception) -> None:
+def response_failed(client: UpstreamClient, exc: Exception) -> None:
     """A response filter or a write to the client raised: the client's connection is closed,
     with the reason counted."""
     if isinstance(exc, ProtocolError):
@@ -104,11 +142,11 @@ def response_failed(client: ClientConnection, exc: Exception) -> None:
         client.reject("filter_error", "response filter raised")
 
 
-def upstream_failed(client: ClientConnection, reason: str) -> None:
+def upstream_failed(client: UpstreamClient, reason: str) -> None:
     """The broker's side cannot be read (bad framing, an answer out of order, an undecodable
     body): the client's connection is closed."""
     # A client can make a broker's answer undecodable (an unknown version), so rate-limited.
-    client.server.guard.log("upstream_failed", logging.ERROR, "broker connection for %s failed: %s; closing client",
+    client.env.guard.log("upstream_failed", logging.ERROR, "broker connection for %s failed: %s; closing client",
                             client.ctx.label, reason, logger=log)
     client.stats.decode_failures += 1
     client.close()
@@ -120,7 +158,7 @@ class UpstreamConnection(asyncio.Protocol):
     __slots__ = ("client", "queue", "transport", "_reader", "_through", "_streaming_size", "_tail", "_tail_route",
                  "_unheld")
 
-    def __init__(self, client: ClientConnection) -> None:
+    def __init__(self, client: UpstreamClient) -> None:
         self.client = client
         self.queue = client.queue
         self.transport: asyncio.Transport | None = None
@@ -215,7 +253,9 @@ class UpstreamConnection(asyncio.Protocol):
         if entry is None:
             return  # an answer to an acks=0 Produce
         if entry.raw:
-            client.raw_sasl.on_response(frame)
+            raw_sasl = client.raw_sasl  # made by the SaslHandshake v0 that made this entry raw
+            if raw_sasl is not None:
+                raw_sasl.on_response(frame)
             self.queue.answer(entry, frame)
         elif entry.route is AS_READ:
             self.queue.answer(entry, frame)
@@ -301,10 +341,14 @@ class UpstreamConnection(asyncio.Protocol):
         queue.head_written(self._streaming_size)  # its last byte is out
 
     def pause_writing(self) -> None:  # the broker reads slower than the client sends
-        self.client.gate.pause("backpressure")
+        gate = self.client.gate  # set once served, before any broker connection is opened
+        if gate is not None:
+            gate.pause("backpressure")
 
     def resume_writing(self) -> None:
-        self.client.gate.resume("backpressure")
+        gate = self.client.gate
+        if gate is not None:
+            gate.resume("backpressure")
 
     def connection_lost(self, exc) -> None:
         client = self.client
@@ -314,9 +358,9 @@ class UpstreamConnection(asyncio.Protocol):
             # With TLS 1.3 a broker refusing the proxy's certificate (or its lack of one) says so
             # after the handshake, on the first read: a TLS failure all the same.
             peer = self.transport.get_extra_info("peername") if self.transport is not None else None
-            client.server.cluster.dialer.failed("tls", tuple(peer[:2]) if peer else ("broker", 0), exc)
+            client.env.cluster.dialer.failed("tls", tuple(peer[:2]) if peer else ("broker", 0), exc)
         if self.queue.pending:
-            client.server.guard.log(
+            client.env.guard.log(
                 "broker_closed", logging.WARNING, "broker closed the connection of %s with %d requests in flight%s",
                 client.ctx.label, len(self.queue.pending), f": {exc}" if exc else "", logger=log,
             )

@@ -16,21 +16,15 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import logging
 import os
 import ssl
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from config import ConfigError
 from config.model import ListenTlsConfig, UpstreamTlsConfig
 from proxy.identity.secrets import read_secret
 from proxy.identity.ssl_principal import PrincipalMappingError, SslPrincipalMapper, distinguished_name
-
-if TYPE_CHECKING:
-    from proxy.app.server import ProxyServer
-
-log = logging.getLogger(__name__)
 
 _CLIENT_AUTH = {"none": ssl.CERT_NONE, "requested": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
 # OpenSSL's X509_V_ERR codes for the reasons a client certificate is refused.
@@ -194,13 +188,21 @@ class EarlyBytes(asyncio.Protocol):
             tls_protocol.data_received(data)
 
 
-async def handshake(raw: asyncio.Transport, early: EarlyBytes, tls: ServerTls, server: ProxyServer,
-                    label: str) -> tuple[asyncio.Transport, str | None, EarlyBytes] | None:
+@dataclass(frozen=True)
+class HandshakeFailure:
+    """Why a client's handshake failed: ``reason`` a label of kqp_tls_handshake_failures_total."""
+
+    reason: str
+    detail: str
+
+
+async def handshake(raw: asyncio.Transport, early: EarlyBytes,
+                    tls: ServerTls) -> tuple[asyncio.Transport, str | None, EarlyBytes] | HandshakeFailure:
     """Runs the server side of a client's handshake on ``raw``; ``early`` has been ``raw``'s
     protocol since it was accepted (set in the same callback). Returns the TLS transport, the
     certificate's principal and what the client sent right after its handshake (the caller sets
     its own protocol on the transport, then hands it that data; the principal is None without a
-    certificate), or None when it failed: then it is counted and logged and ``raw`` is closed."""
+    certificate), or why it failed: then ``raw`` is closed (the caller counts and logs it)."""
     loop = asyncio.get_running_loop()
     try:
         # The TLS layer hands application data on as soon as the handshake is done, before this
@@ -225,9 +227,5 @@ async def handshake(raw: asyncio.Transport, early: EarlyBytes, tls: ServerTls, s
         except ValueError as exc:  # PrincipalMappingError, or a subject no DN can be made of
             reason, detail = "principal", str(exc)  # Kafka's principal builder fails the authentication
             transport.abort()
-    server.stats.tls_handshake_failures[reason] += 1
-    server.guard.closed["tls_handshake"] += 1
-    server.guard.log(f"tls_{reason}", logging.WARNING, "TLS handshake with %s failed (%s): %s", label, reason,
-                     detail, logger=log)
     raw.abort()
-    return None
+    return HandshakeFailure(reason, detail)

@@ -15,14 +15,21 @@ itself.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Protocol
 
-from proxy.cluster.brokers import Cluster
 from proxy.observability.stats import ProxyStats
 
 
+class KnownBrokers(Protocol):
+    """What readiness reads of the cluster (proxy.cluster.brokers.Cluster is one)."""
+
+    @property
+    def brokers(self) -> Mapping[int, tuple[str, int]]: ...
+
+
 class Readiness:
-    def __init__(self, stats: ProxyStats, cluster: Cluster, max_silence_s: float,
+    def __init__(self, stats: ProxyStats, cluster: KnownBrokers, max_silence_s: float,
                  clock_s: Callable[[], float] = time.monotonic) -> None:
         self._stats = stats
         self._cluster = cluster

@@ -97,7 +97,8 @@ def _counts(server: ProxyServer) -> dict[str, int]:
 
 
 def _errors(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR and r.name == "proxy.control.cert_reload"]
+    return [r.getMessage() for r in caplog.records
+            if r.levelno >= logging.ERROR and r.name == "proxy.control.cert_reload"]
 
 
 def test_every_tls_file_is_watched(reloader, files):

@@ -78,7 +78,7 @@ class Pair:
 
     def __init__(self, raw: dict | None = None, server: ProxyServer | None = None) -> None:
         self.server = server or ProxyServer(parse_config(raw or BASE))
-        self.conn = ClientConnection(self.server, None)
+        self.conn = ClientConnection(self.server.env, None)
         self.client = Wire()
         self.conn.connection_made(self.client)
         assert self.conn._connect_task is None  # opened with the first request forwarded
@@ -719,7 +719,7 @@ def test_a_request_behind_a_deferred_one_waits_for_it_even_on_the_hot_path():
 def test_requests_before_the_broker_connection_is_up_wait_for_it_in_order():
     async def go():
         server = ProxyServer(parse_config(BASE))
-        conn = ClientConnection(server, None)
+        conn = ClientConnection(server.env, None)
         client = Wire()
         conn.connection_made(client)  # its broker (127.0.0.1:1) is not there: no connection yet
         try:

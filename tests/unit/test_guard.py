@@ -119,7 +119,7 @@ def test_an_announced_size_costs_the_pool_only_the_bytes_sent():
 def test_the_broker_connection_is_opened_by_the_first_request_not_by_the_accept():
     async def go():
         server = ProxyServer(parse_config(BASE))
-        conn = ClientConnection(server, None)
+        conn = ClientConnection(server.env, None)
         client = Wire()
         conn.connection_made(client)
         assert conn._connect_task is None and conn.upstream is None
@@ -197,7 +197,7 @@ def test_time_the_proxy_itself_does_not_read_a_client_does_not_count():
 def test_connections_over_the_per_ip_limit_are_refused_and_counted():
     async def go():
         server = ProxyServer(parse_config({**BASE, "connections": {"max_connections_per_ip": 2}}))
-        conns = [ClientConnection(server, None) for _ in range(3)]
+        conns = [ClientConnection(server.env, None) for _ in range(3)]
         wires = [Wire() for _ in conns]
         for conn, wire in zip(conns, wires):
             conn.connection_made(wire)
@@ -205,7 +205,7 @@ def test_connections_over_the_per_ip_limit_are_refused_and_counted():
         assert server.guard.closed["max_connections_per_ip"] == 1
         assert len(server.connections) == 2 and server.stats.open_connections == 2
         conns[0]._teardown()  # a slot is free again
-        late = ClientConnection(server, None)
+        late = ClientConnection(server.env, None)
         late.connection_made(Wire())
         assert late in server.connections
         for conn in (conns[1], late):
@@ -233,7 +233,7 @@ def test_over_the_creation_rate_of_all_listeners_a_connection_is_accepted_later(
         server = ProxyServer(parse_config({**BASE, "connections": {"max_connection_creation_rate": 2},
                                            "quota_windows": {"quota_window_num": 2}}))
         wires = [Wire() for _ in range(3)]
-        conns = [ClientConnection(server, None) for _ in wires]
+        conns = [ClientConnection(server.env, None) for _ in wires]
         for conn, wire in zip(conns, wires):
             conn.connection_made(wire)
         # Served, not closed; the third is not read until its throttle has passed.

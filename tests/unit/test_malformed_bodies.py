@@ -365,7 +365,7 @@ class Proxy:
 
     def conn(self, mechanism: str | None = None) -> FilterContext:
         """What a connection hands its filters."""
-        ctx = ClientConnection(self.server, NODE_ID).ctx
+        ctx = ClientConnection(self.server.env, NODE_ID).ctx
         ctx.cluster = Cluster()
         ctx.session.sasl_mechanism = mechanism
         return ctx
