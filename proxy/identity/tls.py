@@ -23,8 +23,9 @@ from typing import Any
 
 from config import ConfigError
 from config.model import ListenTlsConfig, UpstreamTlsConfig
+from proxy.identity.distinguished_name import distinguished_name
 from proxy.identity.secrets import read_secret
-from proxy.identity.ssl_principal import PrincipalMappingError, SslPrincipalMapper, distinguished_name
+from proxy.identity.ssl_principal import PrincipalMappingError, SslPrincipalMapper
 
 _CLIENT_AUTH = {"none": ssl.CERT_NONE, "requested": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
 # OpenSSL's X509_V_ERR codes for the reasons a client certificate is refused.

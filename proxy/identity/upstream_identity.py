@@ -24,9 +24,9 @@ import ssl
 from typing import Any
 
 from config.model import UpstreamConfig, UpstreamSaslConfig, UpstreamTlsConfig
+from proxy.identity.distinguished_name import distinguished_name
 from proxy.identity.principal import SaslError, _jwt_claim
 from proxy.identity.sasl_client import SaslCredentials
-from proxy.identity.ssl_principal import distinguished_name
 
 log = logging.getLogger(__name__)
 

@@ -13,11 +13,11 @@ import ssl
 
 import pytest
 
+from proxy.identity.distinguished_name import distinguished_name
 from proxy.identity.ssl_principal import (
     NoMatchingRule,
     PrincipalMappingError,
     SslPrincipalMapper,
-    distinguished_name,
 )
 from tests.support.memory_tls import handshake_in_memory
 
