@@ -23,7 +23,8 @@ from quotas.common import (
     Decision,
 )
 from quotas.entities import ANONYMOUS, DEFAULT, EntityResolver, EntityTable, QuotaRule, ResolvedQuota
-from quotas.manager import EntityStats, KindCounters, QuotaManager
+from quotas.entity_state import EntityStats, KindCounters
+from quotas.manager import QuotaManager
 from quotas.rate import WindowedRate
 from quotas.token_bucket import TokenBucket
 

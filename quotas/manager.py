@@ -18,8 +18,7 @@ Kinds:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
-from typing import NamedTuple
+from collections.abc import Iterable
 
 from quotas.common import (
     ADMIT,
@@ -41,161 +40,9 @@ from quotas.entities import (
     QuotaRule,
     ResolvedQuota,
 )
+from quotas.entity_state import BucketState, EntityState, EntityStats, KindCounters, RateState
 from quotas.rate import WindowedRate
 from quotas.token_bucket import TokenBucket
-
-
-class EntityStats(NamedTuple):
-    """One live entity's state for a scrape. Labels are "" when not part of the entity."""
-
-    kind: str
-    user: str
-    client_id: str
-    quota: float
-    rate: float  # per second, over the quota window
-    tokens: float | None  # token-bucket kinds only
-    throttle_ms: int  # what is left of the last throttle at the scrape instant
-    last_throttle_ms: int  # the last throttle (or rejection) handed out, 0 if none yet
-
-
-class KindCounters(NamedTuple):
-    kind: str
-    throttled: int  # admitted with a throttle
-    rejected: int  # strict rejections (THROTTLING_QUOTA_EXCEEDED)
-    # What quotas in shadow mode would have done: the same counts, nothing applied.
-    shadow_throttled: int = 0
-    shadow_rejected: int = 0
-
-
-class _State:
-    __slots__ = (
-        "resolved",
-        "quota",
-        "rate",
-        "last_used_ms",
-        "last_throttle_ms",
-        "last_throttle_at_ms",
-        "pending",
-        "reported",
-        "remote",
-        "local_share",
-        "remote_rate",
-    )
-
-    def __init__(self, resolved: ResolvedQuota, rate: WindowedRate, now_ms: int) -> None:
-        self.resolved = resolved
-        self.quota = resolved.quota
-        self.rate = rate
-        self.last_used_ms = now_ms
-        self.last_throttle_ms = 0
-        self.last_throttle_at_ms = now_ms
-        self.pending = 0.0  # charged here since the fleet was last told (quotas.fleet)
-        self.reported = 0.0  # what the last report told, maybe not read by the others yet
-        self.remote = 0.0  # the other members' usage read since the last report
-        self.local_share = 1.0  # this instance's part of the fleet's recent usage (moving average)
-        self.remote_rate: WindowedRate | None = None  # the other members' part of ``rate``, once they had any
-
-    def set_quota(self, resolved: ResolvedQuota, share: int = 1) -> None:
-        """The rule's bound, divided by ``share`` (the fleet's fallback: a bound per instance)."""
-        self.resolved = resolved
-        self.quota = resolved.quota / share
-
-    def add_remote_at(self, amount: float, now_ms: int) -> None:
-        """Another fleet member's usage, into the same samples as this instance's own (and into
-        ``remote_rate``, per report, never per request, so the local part can be told apart)."""
-        self.remote += amount
-        self.rate.record_at(amount, now_ms)
-        remote_rate = self.remote_rate
-        if remote_rate is None:
-            remote_rate = self.remote_rate = WindowedRate(self.rate.window_num, self.rate.window_size_ms)
-        remote_rate.record_at(amount, now_ms)
-
-    def local_rate_at(self, now_ms: int) -> float:
-        """This instance's part of ``rate``: all of it outside a fleet. The two rates' samples
-        start at different moments, so the part is the remote total's share of the window's."""
-        rate = self.rate.rate_at(now_ms)
-        if self.remote_rate is None or rate <= 0:
-            return rate
-        total = self.rate.total_at(now_ms)
-        local = total - self.remote_rate.total_at(now_ms)
-        return rate * local / total if local > 0 else 0.0
-
-    def remaining_throttle_ms_at(self, now_ms: int) -> int:
-        # AbstractControllerMutationQuota.throttleTime: the last throttle minus the time since.
-        elapsed_ms = now_ms - self.last_throttle_at_ms
-        left = self.last_throttle_ms - (elapsed_ms if elapsed_ms > 0 else 0)
-        return left if left > 0 else 0
-
-    def stats_at(self, now_ms: int) -> EntityStats:
-        r = self.resolved
-        return EntityStats(
-            r.kind,
-            r.user or "",
-            r.client_id or "",
-            self.quota,
-            self.rate.rate_at(now_ms),
-            self.tokens_at(now_ms),
-            self.remaining_throttle_ms_at(now_ms),
-            self.last_throttle_ms,
-        )
-
-    def tokens_at(self, now_ms: int) -> float | None:
-        return None
-
-    def record_and_throttle_at(self, amount: float, now_ms: int) -> int:
-        raise NotImplementedError
-
-    def unrecord_at(self, amount: float, now_ms: int) -> None:
-        raise NotImplementedError
-
-
-class _RateState(_State):
-    __slots__ = ("max_throttle_ms",)
-
-    def __init__(
-        self, resolved: ResolvedQuota, rate: WindowedRate, now_ms: int, max_throttle_ms: int
-    ) -> None:
-        super().__init__(resolved, rate, now_ms)
-        self.max_throttle_ms = max_throttle_ms
-
-    def record_and_throttle_at(self, amount: float, now_ms: int) -> int:
-        self.pending += amount
-        return self.rate.record_and_throttle_at(amount, self.quota, now_ms, self.max_throttle_ms)
-
-    def unrecord_at(self, amount: float, now_ms: int) -> None:
-        self.pending -= amount
-        self.rate.unrecord_at(amount, now_ms)
-
-
-class _BucketState(_State):
-    __slots__ = ("bucket",)
-
-    def __init__(self, resolved: ResolvedQuota, rate: WindowedRate, bucket: TokenBucket, now_ms: int) -> None:
-        super().__init__(resolved, rate, now_ms)
-        self.bucket = bucket
-
-    def set_quota(self, resolved: ResolvedQuota, share: int = 1) -> None:
-        super().set_quota(resolved, share)
-        self.bucket.set_rate(self.quota)
-
-    def add_remote_at(self, amount: float, now_ms: int) -> None:
-        # KIP-599's bucket is debited by what the other members admitted.
-        super().add_remote_at(amount, now_ms)
-        self.bucket.record_at(amount, now_ms)
-
-    def tokens_at(self, now_ms: int) -> float | None:
-        return self.bucket.tokens_at(now_ms)
-
-    def record_and_throttle_at(self, amount: float, now_ms: int) -> int:
-        self.pending += amount
-        self.rate.record_at(amount, now_ms)
-        return self.bucket.record_and_throttle_at(amount, now_ms).throttle_ms
-
-    def unrecord_at(self, amount: float, now_ms: int) -> None:
-        self.pending -= amount
-        self.rate.unrecord_at(amount, now_ms)
-        self.bucket.record_at(-amount, now_ms)
-
 
 _MISS = object()  # not in the resolution cache (None there means: no rule applies)
 _SHARE_WEIGHT = 0.1  # of one sync interval in the moving average of an instance's share
@@ -230,7 +77,7 @@ class QuotaManager:
         # ClientRequestQuotaManager: request throttles are capped at one quota window.
         self.request_max_throttle_ms = self.quota_window_size_ms
         self._table = EntityTable(idle_ms, max_entities)
-        self._cache: dict[tuple[str, str, str], _State | None] = {}
+        self._cache: dict[tuple[str, str, str], EntityState | None] = {}
         self._cache_max = max_cached_resolutions or 4 * max_entities
         self._resolver = EntityResolver(rules)
         self._throttled = dict.fromkeys(RATE_KINDS | TOKEN_BUCKET_KINDS, 0)
@@ -271,7 +118,7 @@ class QuotaManager:
         state = self._cache.get((kind, user, client_id), _MISS)
         if state is _MISS:
             return self._resolver.resolve(kind, user or "", client_id or "")
-        return state.resolved if isinstance(state, _State) else None
+        return state.resolved if isinstance(state, EntityState) else None
 
     # -- decisions --------------------------------------------------------------------------
 
@@ -288,11 +135,11 @@ class QuotaManager:
             state = self._state_for(user, client_id, kind, now_ms)
         if state is None:
             return ADMIT
-        assert isinstance(state, _State)
+        assert isinstance(state, EntityState)
         if now_ms > state.last_used_ms:
             state.last_used_ms = now_ms
         throttle_ms = state.record_and_throttle_at(amount, now_ms)
-        if self._members > 1 and type(state) is _RateState:
+        if self._members > 1 and type(state) is RateState:
             throttle_ms = self._fleet_throttle_ms(state, throttle_ms, now_ms)
         if throttle_ms:
             state.last_throttle_ms = throttle_ms
@@ -322,7 +169,7 @@ class QuotaManager:
         state = self._entity(user, client_id, kind, now_ms)
         if state is None:
             return ADMIT
-        assert isinstance(state, _BucketState)
+        assert isinstance(state, BucketState)
         if now_ms > state.last_used_ms:
             state.last_used_ms = now_ms
         decision = state.bucket.try_admit_at(amount, now_ms)
@@ -348,7 +195,7 @@ class QuotaManager:
         state = self._entity(user, client_id, kind, now_ms)
         if state is None:
             return 0
-        assert isinstance(state, _RateState)
+        assert isinstance(state, RateState)
         return state.rate.throttle_ms_at(state.quota, now_ms, state.max_throttle_ms)
 
     def unrecord(self, user: str, client_id: str, kind: str, amount: float, now_ms: int) -> None:
@@ -357,7 +204,7 @@ class QuotaManager:
         state = self._entity(user, client_id, kind, now_ms)
         if state is None:
             return
-        assert isinstance(state, _State)
+        assert isinstance(state, EntityState)
         if now_ms > state.last_used_ms:
             state.last_used_ms = now_ms
         state.unrecord_at(amount, now_ms)
@@ -374,14 +221,14 @@ class QuotaManager:
         state = self._entity(user, client_id, kind, now_ms)
         return None if state is None else state.tokens_at(now_ms)
 
-    def _entity(self, user: str, client_id: str, kind: str, now_ms: int) -> _State | None:
+    def _entity(self, user: str, client_id: str, kind: str, now_ms: int) -> EntityState | None:
         """The state this (user, client id) is charged to for ``kind``, or None (no rule).
         check_and_record, the per-request path, has these two lines inline."""
         state = self._cache.get((kind, user, client_id), _MISS)
-        # Not _MISS, so a cached _State | None; mypy does not narrow an identity check against a sentinel.
+        # Not _MISS, so a cached EntityState | None; mypy does not narrow an identity check against a sentinel.
         return self._state_for(user, client_id, kind, now_ms) if state is _MISS else state  # type: ignore[return-value]
 
-    def _state_for(self, user: str, client_id: str, kind: str, now_ms: int) -> _State | None:
+    def _state_for(self, user: str, client_id: str, kind: str, now_ms: int) -> EntityState | None:
         """Cache miss: resolve the rule, find or create the entity's state, cache it."""
         if kind in USER_LEVEL_ONLY_KINDS or kind not in self._throttled:
             raise ValueError(f"no engine here for quota kind {kind!r}")
@@ -398,16 +245,16 @@ class QuotaManager:
         self._cache[(kind, user, client_id)] = state
         return state
 
-    def _new_state(self, resolved: ResolvedQuota, now_ms: int) -> _State:
-        state: _State
+    def _new_state(self, resolved: ResolvedQuota, now_ms: int) -> EntityState:
+        state: EntityState
         if resolved.kind in TOKEN_BUCKET_KINDS:
             num, size_ms = self.controller_quota_window_num, self.controller_quota_window_size_ms
             bucket = TokenBucket(resolved.quota, num, size_ms, now_ms)
-            state = _BucketState(resolved, WindowedRate(num, size_ms), bucket, now_ms)
+            state = BucketState(resolved, WindowedRate(num, size_ms), bucket, now_ms)
         else:
             max_throttle_ms = self.request_max_throttle_ms if resolved.kind == REQUEST_RATE else MAX_THROTTLE_MS
             rate = WindowedRate(self.quota_window_num, self.quota_window_size_ms)
-            state = _RateState(resolved, rate, now_ms, max_throttle_ms)
+            state = RateState(resolved, rate, now_ms, max_throttle_ms)
         if self._share != 1:
             state.set_quota(resolved, self._share)
         return state
@@ -461,7 +308,7 @@ class QuotaManager:
         self._members = max(1, int(members))
         self._sync_interval_ms = sync_interval_ms
 
-    def _fleet_throttle_ms(self, state: _RateState, throttle_ms: int, now_ms: int) -> int:
+    def _fleet_throttle_ms(self, state: RateState, throttle_ms: int, now_ms: int) -> int:
         """Kafka's throttle on the fleet's rate, stretched by this instance's share of the
         principal's recent usage; then the burst pacing (:meth:`_paced_ms`).
 
@@ -489,11 +336,11 @@ class QuotaManager:
         if self._members <= 1:
             return 0
         state = self._entity(user, client_id, kind, now_ms)
-        if type(state) is not _RateState:
+        if type(state) is not RateState:
             return 0
         return self._paced_ms(state, now_ms, amount)
 
-    def _paced_ms(self, state: _RateState, now_ms: int, amount: float = 0.0) -> int:
+    def _paced_ms(self, state: RateState, now_ms: int, amount: float = 0.0) -> int:
         """The fleet's burst pacing: what the others may not have read yet (this interval's usage
         and the last report's, still on its way, and ``amount`` about to be admitted) is at most
         this instance's part (1 / members) of what the window still allows. Greedy clients on
@@ -574,61 +421,3 @@ def _window_ms(window_size_s: float) -> int:
     if window_ms < 1:
         raise ValueError(f"a quota window must be at least 1 ms, got {window_size_s!r} s")
     return window_ms
-
-
-class QuotaChange(NamedTuple):
-    """One change a new rule set makes to one entity's quotas (what a reload logs).
-
-    ``kind`` None: the entity gains or loses all its quotas (``before`` or ``after`` is empty);
-    otherwise one value, which ``before`` / ``after`` hold (empty when it is added / removed).
-    """
-
-    entity: str  # QuotaRule.describe(): "user=alice client_id=app-1"
-    kind: str | None
-    before: Mapping[str, float]
-    after: Mapping[str, float]
-
-    @property
-    def removes_a_quota(self) -> bool:
-        """True when something this entity was held to is no longer in force."""
-        return not self.after
-
-    def describe(self) -> str:
-        if self.kind is None:
-            verb, values = ("removes", self.before) if self.removes_a_quota else ("adds", self.after)
-            return f"{verb} the quotas of {self.entity} ({_values(values)})"
-        if not self.before:
-            return f"adds {_values(self.after)} to {self.entity}"
-        if not self.after:
-            return f"removes {_values(self.before)} of {self.entity} (its other quotas stay)"
-        old, new = _values(self.before, named=False), _values(self.after, named=False)
-        return f"changes {self.kind} of {self.entity} from {old} to {new}"
-
-
-def quota_changes(before: Iterable[QuotaRule], after: Iterable[QuotaRule]) -> list[QuotaChange]:
-    """What replacing the rules ``before`` by ``after`` changes: each entity (user, client id as
-    written, defaults and globs included) that loses or gains all its quotas, and each value
-    changed, added or removed for an entity in both. Entities in the order of ``before``, then
-    the new ones in the order of ``after``; values by kind."""
-    old = {(r.user, r.client_id): r for r in before}
-    new = {(r.user, r.client_id): r for r in after}
-    changes: list[QuotaChange] = []
-    for key, rule in old.items():
-        if key in new:
-            changes.extend(_value_changes(rule, new[key]))
-        else:
-            changes.append(QuotaChange(rule.describe(), None, rule.values, {}))
-    changes.extend(QuotaChange(r.describe(), None, {}, r.values) for k, r in new.items() if k not in old)
-    return changes
-
-
-def _value_changes(old: QuotaRule, new: QuotaRule) -> Iterator[QuotaChange]:
-    for kind in sorted(old.values.keys() | new.values.keys()):
-        b, a = old.values.get(kind), new.values.get(kind)
-        if b != a:
-            yield QuotaChange(old.describe(), kind, {} if b is None else {kind: b}, {} if a is None else {kind: a})
-
-
-def _values(values: Mapping[str, float], named: bool = True) -> str:
-    """``producer_byte_rate=1048576, request_rate=2.5`` (whole numbers without ".0")."""
-    return ", ".join(f"{k}={v:.15g}" if named else f"{v:.15g}" for k, v in sorted(values.items()))

@@ -42,11 +42,11 @@ from proxy.observability.readiness import Readiness
 from proxy.observability.stats import ProxyStats, StatsCollector
 from proxy.observability.usage_log import UsageLog, UsageLogCollector
 from quotas import QuotaManager
+from quotas.changes import quota_changes
 from quotas.client_quota_admin import QuotaEntity, quotas_from_rules, rules_from_quotas
 from quotas.common import SHADOW
 from quotas.entities import QuotaRule
 from quotas.limiters import LimiterContext, RateLimiter
-from quotas.manager import quota_changes
 from quotas.producer_ids import ProducerIdObserver
 
 log = logging.getLogger(__name__)

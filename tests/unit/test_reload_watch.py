@@ -22,8 +22,8 @@ from config.model import DEFAULT_RATE_LIMITERS
 from proxy.app.server import ProxyServer
 from proxy.control import reload_watch
 from proxy.control.reload_watch import ConfigWatcher, read_config_file, watch_config
+from quotas.changes import quota_changes
 from quotas.entities import QuotaRule
-from quotas.manager import quota_changes
 
 HEAD = """\
 upstream:
