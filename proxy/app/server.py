@@ -6,8 +6,9 @@ import asyncio
 import logging
 import socket
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Coroutine
 from dataclasses import replace
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
@@ -88,7 +89,8 @@ def default_chain(
     )
 
 
-def rate_limiters_for(config: Config, manager: QuotaManager, existing: dict | None = None) -> list[RateLimiter]:
+def rate_limiters_for(config: Config, manager: QuotaManager,
+                      existing: dict[str, RateLimiter] | None = None) -> list[RateLimiter]:
     """The configured limiters, built (or reused from ``existing``, by target) and configured.
 
     Raises ConfigError naming ``rate_limiters[i]`` when a limiter refuses its configuration.
@@ -173,13 +175,13 @@ class ProxyServer:
                                  self.usage, config.upstream, config.listen.max_frame_bytes, self.connections,
                                  lambda: self.tls)
         self._servers: list[asyncio.AbstractServer] = []
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
         self.bootstrap_address: tuple[str, int] | None = None
         self.metrics_address: tuple[str, int] | None = None
 
     def _usage_log(self, config: Config) -> tuple[UsageLog | None, UsageFilter | None]:
         u = config.usage_log
-        if not u.enabled:
+        if u.directory is None:  # the log is off (UsageLogConfig.enabled)
             return None, None
         usage = UsageLog(u.directory, u.interval_seconds, u.max_keys_per_interval,
                          u.proxy_name or socket.gethostname(), u.max_pending_intervals,
@@ -362,7 +364,7 @@ class ProxyServer:
                  _count(len(rules), "quota entry", "quota entries"), added, removed, changed,
                  _count(len(self.limiters), "rate limiter", "rate limiters"))
 
-    def _spawn(self, coro) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

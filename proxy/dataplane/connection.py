@@ -19,7 +19,7 @@ import asyncio
 import logging
 import time
 from struct import Struct
-from typing import Any
+from typing import cast
 
 from protocol.apis import ApiKey
 from protocol.frames import FrameError, FrameReader
@@ -29,7 +29,7 @@ from proxy.dataplane.environment import ConnectionEnv
 from proxy.dataplane.filters.api import ConnectionActions, FilterContext
 from proxy.dataplane.flow import ChannelMute, ReadGate
 from proxy.dataplane.guard import Deadlines
-from proxy.dataplane.inflight import InFlight
+from proxy.dataplane.inflight import Frame, InFlight
 from proxy.dataplane.raw_sasl import RawSasl
 from proxy.dataplane.requests import RequestOwner, RequestSide
 from proxy.dataplane.response_queue import QueueOwner, ResponseQueue, write
@@ -74,7 +74,7 @@ class _Closed:
     def reject(self, reason: str, detail: str, drain: bool = False) -> None:
         pass
 
-    def send_upstream(self, out: list[Any]) -> None:
+    def send_upstream(self, out: list[Frame]) -> None:
         pass
 
     def hold_for_throttle(self, entry: InFlight | None) -> None:
@@ -117,8 +117,8 @@ class ClientConnection(asyncio.Protocol):
         self.upstream: UpstreamConnection | None = None
         self.closed = False
         self._reader = FrameReader(env.max_frame_bytes)
-        self._unsent: list = []  # frames for the broker before its connection is up
-        self._connect_task: asyncio.Task | None = None
+        self._unsent: list[bytes] = []  # frames for the broker before its connection is up
+        self._connect_task: asyncio.Task[None] | None = None
         # While the hot path may run (see _arm): the request head that ends with the last client
         # id seen (a request that repeats it at byte 12 of its frame needs no header parse to
         # know who sent it); else None.
@@ -136,8 +136,8 @@ class ClientConnection(asyncio.Protocol):
 
     # -- the client's transport -------------------------------------------------------------
 
-    def connection_made(self, transport) -> None:
-        self.transport = transport
+    def connection_made(self, raw: asyncio.BaseTransport) -> None:
+        self.transport = transport = cast(asyncio.Transport, raw)  # a TCP connection's (uvloop's or asyncio's)
         peer = transport.get_extra_info("peername")
         self._ip = peer[0] if peer else ""
         self.ctx.label = f"{peer[0]}:{peer[1]}" if peer else "client"
@@ -210,12 +210,13 @@ class ClientConnection(asyncio.Protocol):
             # The rest of a request the hot path started: to the broker as it comes.
             if self.closed:
                 return
+            # The upstream is up while a request goes through (typed Optional for before it is).
             if n <= through:
-                self.upstream.transport.write(data)
+                self.upstream.transport.write(data)  # type: ignore[union-attr]
                 self.stats.bytes_client_to_upstream += n
                 self._through = through - n
                 return
-            self.upstream.transport.write(data[:through])
+            self.upstream.transport.write(data[:through])  # type: ignore[union-attr]
             self.stats.bytes_client_to_upstream += through
             self._through = 0
             data = data[through:]  # the next request(s) begin in this chunk
@@ -235,7 +236,7 @@ class ClientConnection(asyncio.Protocol):
                     and size <= self._reader.max_frame_bytes
                     and (key != _PRODUCE or framed_acks_not_zero(data, head.size, version))):
                 received_at = time.monotonic()
-                self.upstream.transport.write(data)
+                self.upstream.transport.write(data)  # type: ignore[union-attr]  # armed: it is up
                 self._through = size + 4 - n
                 entry = InFlight(correlation_id, key, version, received_at, size)
                 entry.route = plan_route(self.chain.response_route, entry)
@@ -268,10 +269,10 @@ class ClientConnection(asyncio.Protocol):
         if self.upstream is not None and self.upstream.transport is not None:
             self.upstream.transport.resume_reading()
 
-    def connection_lost(self, exc) -> None:
+    def connection_lost(self, exc: Exception | None) -> None:
         if self.queue.pending and not self.closed:
             self.env.guard.log("client_gone", logging.INFO, "client %s disconnected with %d requests in flight",
-                                  self.ctx.label, len(self.queue.pending), logger=log)
+                               self.ctx.label, len(self.queue.pending), logger=log)
         self._teardown()
 
     # -- for the connection guard -----------------------------------------------------------
@@ -295,14 +296,15 @@ class ClientConnection(asyncio.Protocol):
         """Whether this connection has been idle (nothing read, nothing awaited) for ``idle_s``
         or has left one frame unfinished for ``partial_s`` (see proxy.dataplane.guard.Deadlines): "idle",
         "partial_request" or None. Called by the guard's sweep."""
-        if self.closed:
+        deadlines, gate = self.deadlines, self.gate  # both set once served, before it is swept
+        if self.closed or deadlines is None or gate is None:
             return None
         pending = self.queue.pending
         busy, self._active = self._active or bool(pending), False
         # The frame being read: a frame the reader started, or a hot-path request still coming.
         frame = None if self._reader.idle and not self._through else (
             self._reader.frames_started, pending[-1] if self._through and pending else None)
-        return self.deadlines.passed(now_s, idle_s, partial_s, busy, self.gate.reasons, frame)
+        return deadlines.passed(now_s, idle_s, partial_s, busy, gate.reasons, frame)
 
     def close_for(self, reason: str) -> None:
         """Closes this connection for a limit of the guard's (counted and logged by reason)."""
@@ -341,9 +343,10 @@ class ClientConnection(asyncio.Protocol):
     def _mute_ended(self) -> None:
         """Unless a throttled response is still to be sent, the held requests are processed,
         each charged now (as Kafka charges a request when it reads it)."""
-        if not self.channel_mute.holding or self.closed or self.queue.owes_throttled():
+        mute = self.channel_mute
+        if mute is None or not mute.holding or self.closed or self.queue.owes_throttled():
             return
-        self.channel_mute.release()
+        mute.release()
         self.requests.process_held()
 
     def mute(self, throttle_ms: int) -> None:
@@ -352,9 +355,12 @@ class ClientConnection(asyncio.Protocol):
             self._channel_mute().mute(throttle_ms)
 
     def _channel_mute(self) -> ChannelMute:
-        if self.channel_mute is None:
-            self.channel_mute = ChannelMute(self.gate, self._mute_ended)
-        return self.channel_mute
+        mute = self.channel_mute
+        if mute is None:
+            gate = self.gate
+            assert gate is not None  # throttles come of requests, read once served
+            mute = self.channel_mute = ChannelMute(gate, self._mute_ended)
+        return mute
 
     # -- what filters may change (through their FilterContext) ------------------------------
 
@@ -383,14 +389,15 @@ class ClientConnection(asyncio.Protocol):
 
     # -- the broker connection --------------------------------------------------------------
 
-    def send_upstream(self, out: list) -> None:
+    def send_upstream(self, out: list[Frame]) -> None:
         up = self.upstream
         if up is None or up.transport is None:
             self._unsent.extend(bytes(b) for b in out)  # the chunk's memory is not ours to keep
-            if self._connect_task is None and not self.closed:
+            gate = self.gate  # set once served: requests are read from then on
+            if self._connect_task is None and not self.closed and gate is not None:
                 # The first request to forward: now the broker connection is opened; the
                 # client is not read meanwhile, so what waits for it stays small.
-                self.gate.pause("connecting")
+                gate.pause("connecting")
                 self._connect_task = asyncio.get_running_loop().create_task(self._connect_upstream())
             return
         write(up.transport, out)
@@ -401,10 +408,11 @@ class ClientConnection(asyncio.Protocol):
             self.close()
             return
         self.upstream = protocol
-        if self._unsent:
+        if self._unsent and protocol.transport is not None:
             protocol.transport.writelines(self._unsent)
             self._unsent = []
-        self.gate.resume("connecting")
+        if self.gate is not None:
+            self.gate.resume("connecting")
         self._arm()
         self._account()
 
@@ -425,8 +433,8 @@ class ClientConnection(asyncio.Protocol):
         (rate-limited per reason)."""
         self.env.guard.closed[reason] += 1
         self.env.guard.log(reason, logging.WARNING, "closing %s (client_id=%s): %s", self.ctx.label,
-                              self.ctx.session.client_id, detail, logger=log)
-        if drain and self.queue.pending:
+                           self.ctx.session.client_id, detail, logger=log)
+        if drain and self.queue.pending and self.gate is not None:
             self.queue.close_when_drained = True
             self.gate.pause("closing")
             return

@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from proxy.dataplane.inflight import InFlight
+    from proxy.observability.stats import ProxyStats
 
 
 class ReadGate:
@@ -10,7 +16,7 @@ class ReadGate:
 
     __slots__ = ("_transport", "_stats", "_reasons")
 
-    def __init__(self, transport: asyncio.Transport, stats) -> None:
+    def __init__(self, transport: asyncio.Transport, stats: ProxyStats) -> None:
         self._transport = transport
         self._stats = stats
         self._reasons: set[str] = set()
@@ -63,7 +69,7 @@ class ChannelMute:
 
     __slots__ = ("_gate", "_until", "timer", "holding", "_on_end")
 
-    def __init__(self, gate: ReadGate, on_end) -> None:
+    def __init__(self, gate: ReadGate, on_end: Callable[[], None]) -> None:
         self._gate = gate
         self._until = 0.0
         self.timer: asyncio.TimerHandle | None = None  # set while muted
@@ -90,7 +96,7 @@ class ChannelMute:
         self._gate.resume("mute")
         self._on_end()
 
-    def hold(self, entry) -> None:
+    def hold(self, entry: InFlight | None) -> None:
         """``entry``'s request was given a throttle (None: an acks=0 Produce, muted at once)."""
         if entry is not None:
             entry.holds = True

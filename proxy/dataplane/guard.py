@@ -16,14 +16,18 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Protocol
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from config.model import ConnectionsConfig, QuotaWindows
-from proxy.observability.logs import LogLimiter
+from proxy.observability.logs import ExcInfo, LogLimiter
 from quotas.connections import Admission, ConnectionLimits, ConnectionQuotas
+
+if TYPE_CHECKING:
+    from proxy.dataplane.flow import ReadGate
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +36,23 @@ log = logging.getLogger(__name__)
 # reads at a time (MemoryPool): its clock runs, and if it stalls it is closed, then the next.
 _PROXY_PAUSES = frozenset({"mute", "throttled", "deferred", "backpressure", "connecting", "accept", "closing",
                            "memory"})
+
+
+class PoolHolder(Protocol):
+    """What the memory pool asks of a connection holding bytes."""
+
+    @property
+    def gate(self) -> ReadGate | None: ...
+
+    def bytes_to_finish(self) -> int: ...
+
+
+class Swept(Protocol):
+    """What the guard's sweep asks of a served connection."""
+
+    def deadline_passed(self, now_s: float, idle_s: float, partial_s: float) -> str | None: ...
+
+    def close_for(self, reason: str) -> None: ...
 
 
 def _now_ms() -> int:
@@ -54,13 +75,13 @@ class MemoryPool:
     def __init__(self, budget_bytes: int) -> None:
         self.budget_bytes = budget_bytes
         self.held_bytes = 0
-        self._held: dict = {}
-        self.paused: set = set()
-        self.reader = None  # the one holder read while over the budget
+        self._held: dict[PoolHolder, int] = {}
+        self.paused: set[PoolHolder] = set()
+        self.reader: PoolHolder | None = None  # the one holder read while over the budget
         self._shedding = False  # over the budget, holders other than the reader paused
         self.pauses_total = 0
 
-    def update(self, holder, nbytes: int) -> None:
+    def update(self, holder: PoolHolder, nbytes: int) -> None:
         """``holder`` now holds ``nbytes`` (0: nothing)."""
         old = self._held.pop(holder, 0)
         if nbytes > 0:
@@ -84,7 +105,7 @@ class MemoryPool:
         else:
             self._pause(holder)
 
-    def release(self, holder) -> None:
+    def release(self, holder: PoolHolder) -> None:
         """``holder`` closed: its bytes are free."""
         self.update(holder, 0)
 
@@ -98,22 +119,25 @@ class MemoryPool:
             else:
                 self._pause(holder)
 
-    def _pause(self, holder) -> None:
-        if holder not in self.paused:
+    def _pause(self, holder: PoolHolder) -> None:
+        gate = holder.gate  # set once served: only served connections hold bytes
+        if holder not in self.paused and gate is not None:
             self.paused.add(holder)
             self.pauses_total += 1
-            holder.gate.pause("memory")
+            gate.pause("memory")
 
-    def _resume(self, holder) -> None:
+    def _resume(self, holder: PoolHolder) -> None:
+        gate = holder.gate
         if holder in self.paused:
             self.paused.discard(holder)
-            holder.gate.resume("memory")
+            if gate is not None:
+                gate.resume("memory")
 
 
 class ConnectionGuard:
     """The limits of ``connections:`` for one proxy, and the counts of what they closed."""
 
-    def __init__(self, config: ConnectionsConfig, windows: QuotaWindows, clock_ms=_now_ms) -> None:
+    def __init__(self, config: ConnectionsConfig, windows: QuotaWindows, clock_ms: Callable[[], int] = _now_ms) -> None:
         self.config = config
         self.idle_s = config.connections_max_idle_ms / 1000
         self.partial_s = config.partial_request_timeout_ms / 1000
@@ -153,14 +177,15 @@ class ConnectionGuard:
     def release(self, ip: str) -> None:
         self.quotas.release(ip)
 
-    def log(self, reason: str, level: int, msg: str, *args, exc_info=None, logger: logging.Logger = log) -> None:
+    def log(self, reason: str, level: int, msg: str, *args: object, exc_info: ExcInfo = None,
+            logger: logging.Logger = log) -> None:
         """A line a client can trigger, at most 10 per 10 s per ``reason``."""
         limiter = self._logs.get(reason)
         if limiter is None:
             limiter = self._logs[reason] = LogLimiter(logger)
         limiter.log(level, msg, *args, exc_info=exc_info)
 
-    def sweep(self, connections: Iterable, now_s: float) -> int:
+    def sweep(self, connections: Iterable[Swept], now_s: float) -> int:
         """Closes the connections past a deadline (see ClientConnection.deadline_passed);
         returns how many."""
         expired = []
@@ -221,7 +246,7 @@ class GuardCollector(Collector):
     def __init__(self, guard: ConnectionGuard) -> None:
         self._guard = guard
 
-    def collect(self) -> Iterator:
+    def collect(self) -> Iterator[Metric]:
         g = self._guard
         closed = CounterMetricFamily("kqp_connections_closed",
                                      "Client connections the proxy closed or refused, by reason",

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from struct import Struct
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -59,7 +60,7 @@ class RequestOwner(Protocol):
     @property
     def gate(self) -> ReadGate | None: ...
 
-    def send_upstream(self, out: list[Any]) -> None: ...
+    def send_upstream(self, out: list[Frame]) -> None: ...
 
     def reject(self, reason: str, detail: str, drain: bool = False) -> None: ...
 
@@ -98,7 +99,7 @@ class RequestSide:
         mute = self.conn.channel_mute
         return self.deferred is not None or (mute is not None and mute.holding)
 
-    def hold(self, frames: list[Frame], bad_frame: FrameError | None) -> None:
+    def hold(self, frames: Sequence[Frame], bad_frame: FrameError | None) -> None:
         self.held.extend(bytes(f) for f in frames)
         if bad_frame is not None:
             self.held_error = bad_frame
@@ -106,7 +107,7 @@ class RequestSide:
     def held_bytes(self) -> int:
         return sum(map(len, self.held)) if self.held else 0
 
-    def process(self, frames: list[Frame], bad_frame: FrameError | None) -> None:
+    def process(self, frames: Sequence[Frame], bad_frame: FrameError | None) -> None:
         """Decides ``frames`` in order; a frame that could not be framed (``bad_frame``) closes
         the connection after the answers owed for those before it."""
         conn = self.conn

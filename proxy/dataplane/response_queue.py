@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from collections.abc import Sequence
 from struct import Struct
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -39,7 +40,7 @@ _JOIN_MAX_BYTES = 64 * 1024
 _FRAME_TYPES = (bytes, bytearray, memoryview)
 
 
-def write(transport: asyncio.Transport, buffers) -> None:
+def write(transport: asyncio.Transport, buffers: Sequence[Frame]) -> None:
     """One write per batch: small batches are joined (one copy, one send), large ones are
     handed over as they are (no copy of a big record set)."""
     if len(buffers) == 1:
@@ -93,7 +94,7 @@ class ResponseQueue:
         # Made when first needed (most connections never need them): the correlation ids of
         # recent acks=0 Produces, the responses a filter is holding (Hold).
         self._acks0: deque[int] | None = None
-        self._holding: set[asyncio.Task] | None = None
+        self._holding: set[asyncio.Task[Any]] | None = None
         # The client connection: closed when drained, told when a held response's filters raise.
         self._conn = conn
 
@@ -127,9 +128,8 @@ class ResponseQueue:
     def send_due(self) -> None:
         """Sends the answers at the head of the queue that are known, in request order."""
         pending = self.pending
-        while pending and pending[0].response is not None:
+        while pending and (data := pending[0].response) is not None:
             done = pending.popleft()
-            data = done.response
             done.response = None
             size = len(data)
             if self.transport is not None:
@@ -191,7 +191,7 @@ class ResponseQueue:
         self._holding.add(task)
         task.add_done_callback(lambda t: self._resume(t, entry, rest))
 
-    def _resume(self, task: asyncio.Task, entry: InFlight, rest: tuple[Any, ...]) -> None:
+    def _resume(self, task: asyncio.Task[Any], entry: InFlight, rest: tuple[Any, ...]) -> None:
         if self._holding is not None:
             self._holding.discard(task)
         if self.transport is None or task.cancelled():

@@ -19,14 +19,14 @@ import logging
 import socket
 import ssl
 from struct import Struct
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 from protocol.apis import api_name
 from protocol.errors import ProtocolError
 from protocol.frames import FrameError, FrameReader
 from proxy.dataplane.filters.api import FilterContractError
 from proxy.dataplane.filters.chain import UNFILTERED
-from proxy.dataplane.inflight import InFlight
+from proxy.dataplane.inflight import Frame, InFlight
 from proxy.dataplane.response_queue import UnexpectedResponse
 from proxy.dataplane.routes import AS_READ, StreamRoute
 
@@ -99,14 +99,15 @@ async def open_upstream(client: UpstreamClient) -> UpstreamConnection | None:
     cfg = env.upstream
     dialer = env.cluster.dialer
     # TLS to the broker when upstream.tls is set; the client's own SASL frames pass through.
-    tls = {} if dialer.tls is None else {"ssl": dialer.tls, "ssl_handshake_timeout": cfg.connect_timeout_s}
+    handshake_timeout_s = None if dialer.tls is None else cfg.connect_timeout_s
     loop = asyncio.get_running_loop()
     for attempt in range(cfg.connect_attempts):
-        address = env.cluster.upstream_address(client.ctx.node_id, attempt)
+        address = host, port = env.cluster.upstream_address(client.ctx.node_id, attempt)
         try:
             _, protocol = await asyncio.wait_for(
-                loop.create_connection(lambda: UpstreamConnection(client), *address,
-                                       server_hostname=dialer.server_hostname(address[0]), **tls),
+                loop.create_connection(lambda: UpstreamConnection(client), host, port, ssl=dialer.tls,
+                                       server_hostname=dialer.server_hostname(host),
+                                       ssl_handshake_timeout=handshake_timeout_s),
                 cfg.connect_timeout_s,
             )
         except (OSError, asyncio.TimeoutError) as exc:
@@ -122,11 +123,12 @@ async def open_upstream(client: UpstreamClient) -> UpstreamConnection | None:
             await asyncio.sleep(min(0.1 * 2**attempt, 2.0))
             continue
         if client.closed:
-            protocol.transport.close()
+            if protocol.transport is not None:  # set by connection_made, before this returns
+                protocol.transport.close()
             return None
         return protocol
     env.guard.log("broker_unreachable_final", logging.ERROR, "giving up on %s: no broker reachable after %d "
-                     "attempts", client.ctx.label, cfg.connect_attempts, logger=log)
+                  "attempts", client.ctx.label, cfg.connect_attempts, logger=log)
     return None
 
 
@@ -175,15 +177,16 @@ class UpstreamConnection(asyncio.Protocol):
         self._tail_route: StreamRoute | None = None
         self._unheld = 0
 
-    def connection_made(self, transport) -> None:
-        self.transport = transport
-        tune(transport)
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = stream = cast(asyncio.Transport, transport)  # a TCP connection's (uvloop's or asyncio's)
+        tune(stream)
 
     def data_received(self, data: bytes) -> None:
         if self._through:
-            data = self._stream(data)
-            if data is None:
+            rest = self._stream(data)
+            if rest is None:
                 return
+            data = rest
         queue = self.queue
         awaiting = queue.awaiting
         n = len(data)
@@ -241,7 +244,7 @@ class UpstreamConnection(asyncio.Protocol):
                 response_failed(client, exc)
                 return
 
-    def _on_frame(self, frame) -> None:
+    def _on_frame(self, frame: Frame) -> None:
         """A response frame that no fast route took: answered as read, through the filters, or
         as a raw SASL token."""
         client = self.client
@@ -274,13 +277,15 @@ class UpstreamConnection(asyncio.Protocol):
             entry.answered()
         n = len(data)
         self.client.stats.responses_streamed[entry.api_key] += 1
+        transport = self.queue.transport
+        assert transport is not None  # the caller's fast route checked it
         if route is None:
-            self.queue.transport.write(data)
+            transport.write(data)
         else:
             self._tail_route = route
             self._tail = bytearray(data[hold_from:])  # empty when the tail starts in a later chunk
             self._unheld = max(hold_from - n, 0)
-            self.queue.transport.write(data[:hold_from])  # the very chunk when it all goes
+            transport.write(data[:hold_from])  # the very chunk when it all goes
         self._through = size + 4 - n
         self._streaming_size = size
 
@@ -290,7 +295,8 @@ class UpstreamConnection(asyncio.Protocol):
         queue = self.queue
         through = self._through
         n = len(data)
-        if queue.transport is None:
+        transport = queue.transport
+        if transport is None:
             return None  # and whatever follows: nothing from this broker is read as a frame
         if type(data) is not bytes:
             data = bytes(data)  # a chunk that is not ours to keep
@@ -298,9 +304,9 @@ class UpstreamConnection(asyncio.Protocol):
             self._through = max(through - n, 0)
             part = data if n <= through else data[:through]
             if self._tail is not None:
-                self._stream_held(part, n >= through)
+                self._stream_held(transport, part, n >= through)
             else:
-                queue.transport.write(part)
+                transport.write(part)
                 if n >= through:
                     queue.head_written(self._streaming_size)  # its last byte is out
         except Exception as exc:  # as the assembled route: this connection only
@@ -310,7 +316,7 @@ class UpstreamConnection(asyncio.Protocol):
             return None
         return data[through:] if n > through and queue.transport is not None else None
 
-    def _stream_held(self, part: bytes, last: bool) -> None:
+    def _stream_held(self, transport: asyncio.Transport, part: bytes, last: bool) -> None:
         """The next ``part`` of a streamed response whose tail is held back (see
         _start_stream); ``last``: it ends the response. The tail goes once every filter
         accepts it unchanged; otherwise the client's connection is closed (the response's size
@@ -318,17 +324,19 @@ class UpstreamConnection(asyncio.Protocol):
         queue = self.queue
         unheld = self._unheld
         if unheld >= len(part) and not last:
-            queue.transport.write(part)
+            transport.write(part)
             self._unheld = unheld - len(part)
             return
         self._unheld = 0
-        self._tail += part[unheld:] if unheld else part
+        held = self._tail
+        route = self._tail_route
+        assert held is not None and route is not None  # set together by _start_stream
+        held += part[unheld:] if unheld else part
         if not last:
             if unheld:
-                queue.transport.write(part[:unheld])
+                transport.write(part[:unheld])
             return
-        tail = bytes(self._tail)
-        route = self._tail_route
+        tail = bytes(held)
         self._tail = self._tail_route = None
         entry = queue.pending[0]
         if not route.tail_unchanged(self.client.ctx, entry, tail):
@@ -337,7 +345,7 @@ class UpstreamConnection(asyncio.Protocol):
                       api_name(entry.api_key), entry.api_version, self.client.ctx.label)
             self.client.close()
             return
-        queue.transport.write(part[:unheld] + tail if unheld else tail)
+        transport.write(part[:unheld] + tail if unheld else tail)
         queue.head_written(self._streaming_size)  # its last byte is out
 
     def pause_writing(self) -> None:  # the broker reads slower than the client sends
@@ -350,7 +358,7 @@ class UpstreamConnection(asyncio.Protocol):
         if gate is not None:
             gate.resume("backpressure")
 
-    def connection_lost(self, exc) -> None:
+    def connection_lost(self, exc: Exception | None) -> None:
         client = self.client
         if client.closed:
             return
