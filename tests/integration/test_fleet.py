@@ -33,7 +33,7 @@ RECORD = b"x" * 1000
 # librdkafka batches of at most 64 KiB: a request is 1/16 s of the quota (its default, 1 MB, is a whole
 # second of it: see FLEET_AT_MOST).
 BATCH_BYTES = 64 * 1024
-# KQP_FLEET_SYNC_MS=100|1000 measures the accuracy at another sync interval (README's table).
+# KQP_FLEET_SYNC_MS=100|1000 measures the accuracy at another sync interval (docs/fleet.md's table).
 FLEET = {"enabled": True, "sync_interval_ms": int(os.environ.get("KQP_FLEET_SYNC_MS", "250")),
          "member_timeout_ms": 2000}
 

@@ -399,7 +399,7 @@ def test_consumer_byte_rate_is_held_across_the_fleet(streams):
 
 def test_request_rate_is_held_across_the_fleet(streams):
     """request_rate is the proxy's requests per second (Kafka's own request quota is a part of
-    the broker's network and I/O thread time, which a proxy cannot see: README, "Quotas"). So
+    the broker's network and I/O thread time, which a proxy cannot see: docs/quotas.md). So
     what is measured is what the quota governs: requests answered. A librdkafka producer with
     one record per batch and one partition sends one record per Produce request (up to five in
     flight), and every delivery report is one request the broker answered. The few Metadata and
@@ -444,7 +444,7 @@ def test_controller_mutation_rate_is_held_across_the_fleet(uneven, proxies):
     One bucket admits at most rate x elapsed + burst (plus the last topic, which may drive it
     into debt). The members share what they admit, but each starts with a full bucket and
     admits before the others' reports are read, so the fleet may admit one burst per member
-    (README: "A KIP-599 bucket is not paced"); the others' bursts are then debts the buckets
+    (docs/fleet.md: a KIP-599 bucket is not paced); the others' bursts are then debts the buckets
     repay. So: at most rate x elapsed + one burst per member + one topic per member, where
     three members enforcing alone would admit three times rate x elapsed + burst. And against
     the reference storm, the same ratio as the rates (the fleet is not held below one bucket)."""

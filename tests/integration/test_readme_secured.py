@@ -1,4 +1,4 @@
-"""The README's "Running in front of a secured cluster" example, as written: its YAML block and
+"""The example of docs/secured-cluster.md (Running in front of a secured cluster), as written: its YAML block and
 the certificates deploy/tls/make-certs.sh makes pass check-config; the proxy started with that
 block (only the broker address and ports changed, and without the proxy's own SASL, which
 Tansu cannot check) serves a client with alice's certificate over TLS through TLS to a real
@@ -28,7 +28,7 @@ MARKER = "<!-- secured-example:"
 
 
 def _readme_example() -> str:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    text = (ROOT / "docs/secured-cluster.md").read_text(encoding="utf-8")
     after = text[text.index(MARKER):]
     match = re.search(r"```yaml\n(.*?)```", after, re.DOTALL)
     assert match is not None, "the secured example's YAML block follows its marker"
@@ -37,7 +37,7 @@ def _readme_example() -> str:
 
 @pytest.fixture
 def example_dir(tmp_path, monkeypatch):
-    """A directory laid out as the README says: certs/ from make-certs.sh, secrets/kqp-password."""
+    """A directory laid out as docs/secured-cluster.md says: certs/ from make-certs.sh, secrets/kqp-password."""
     if shutil.which("openssl") is None:
         pytest.fail("openssl is needed by deploy/tls/make-certs.sh (Debian: openssl)")
     subprocess.run([str(ROOT / "deploy/tls/make-certs.sh"), "certs"], cwd=tmp_path, check=True,
@@ -66,7 +66,7 @@ def test_the_docker_tls_variant_passes_check_config(example_dir, capsys):
 def test_the_readme_example_serves_alice_over_tls_to_a_tls_broker(example_dir):
     certs = example_dir / "certs"
     config = yaml.safe_load(_readme_example())
-    del config["upstream"]["sasl"]  # Tansu 0.6.0 cannot authenticate (see README, Known limits)
+    del config["upstream"]["sasl"]  # Tansu 0.6.0 cannot authenticate (see docs/limits.md)
     for section in ("upstream", "listen"):
         for key, value in config[section]["tls"].items():
             if isinstance(value, str) and value.startswith("certs/"):

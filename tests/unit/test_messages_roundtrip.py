@@ -173,7 +173,7 @@ def test_decode_error_names_the_version():
 
 @pytest.mark.xfail(
     strict=True,
-    reason="known limit (README): kafka-python keeps tagged fields it has no schema for in "
+    reason="known limit (docs/limits.md): kafka-python keeps tagged fields it has no schema for in "
     "msg.unknown_tags but never encodes them, so a rewritten response loses a tag that a newer "
     "broker adds to a version the proxy already knows",
 )
