@@ -467,12 +467,11 @@ class ClientConnection(asyncio.Protocol):
         self.env.connections.discard(self)
         if self._connect_task is not None and not self._connect_task.done():
             self._connect_task.cancel()
-        if self.requests.deferred is not None:
-            self.requests.deferred.cancel()
         if self.upstream is not None and self.upstream.transport is not None:
             self.upstream.transport.close()
-        self.queue.close()
         # The parts no longer reach this connection (a closed connection's parts may only ask it
         # for nothing): without a cycle, its memory is freed now, not at the next full collection.
-        self.ctx._conn = self.queue._conn = self.requests.conn = CLOSED
+        self.requests.close(CLOSED)
+        self.queue.close(CLOSED)
+        self.ctx._conn = CLOSED
         self.upstream = None

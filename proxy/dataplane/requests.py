@@ -93,6 +93,13 @@ class RequestSide:
         self.held: list[bytes] = []  # frames read while a request was deferred or throttled
         self.held_error: FrameError | None = None
 
+    def close(self, stand_in: RequestOwner) -> None:
+        """The connection closed: a decision being deferred is cancelled, and this side reaches
+        ``stand_in`` instead of the connection (which it no longer keeps alive)."""
+        if self.deferred is not None:
+            self.deferred.cancel()
+        self.conn = stand_in
+
     def wait(self) -> bool:
         """Whether requests read now must wait their turn (held, in order): a deferred decision
         is being made, or a throttle holds the connection."""

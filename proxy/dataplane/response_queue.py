@@ -246,8 +246,10 @@ class ResponseQueue:
             shadow_throttle_ms=entry.shadow_throttle_ms, shadow_rejected=entry.shadow_rejected,
         )
 
-    def close(self) -> None:
-        """The connection closed: nothing more is written, held responses are dropped."""
+    def close(self, stand_in: QueueOwner) -> None:
+        """The connection closed: nothing more is written, held responses are dropped, and the
+        queue reaches ``stand_in`` instead of the connection (which it no longer keeps alive)."""
+        self._conn = stand_in
         self.transport = None
         for task in self._holding or ():
             task.cancel()
