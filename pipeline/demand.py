@@ -7,14 +7,22 @@ quotas, so a sample is one principal's demand at one proxy in one interval.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, cast
+
 from quotas.common import CONTROLLER_MUTATION_RATE, REQUEST_RATE
 
+from .frames import PandasFrame
 from .kinds import DEMAND, PER_WINDOW, RATE_KINDS
 
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, Row
+
 PRINCIPAL = ("user", "client_id")
+Span = tuple[float, float, float]  # (first bucket, last bucket, bucket seconds), in epoch seconds
 
 
-def interval_demand(usage):
+def interval_demand(usage: DataFrame) -> DataFrame:
     """One row per (proxy, user, client_id, interval_start): the amount each rate kind charged,
     and the throttling the proxy applied. Amounts, not rates: divide by ``interval_seconds``."""
     from pyspark.sql import functions as F
@@ -39,7 +47,7 @@ def interval_demand(usage):
     return usage.groupBy("proxy", *PRINCIPAL, "interval_start", "interval_seconds").agg(*aggs)
 
 
-def _long(intervals):
+def _long(intervals: DataFrame) -> DataFrame:
     """(proxy, user, client_id, interval_start, interval_seconds, kind, amount, requests, rate)
     with amount > 0; ``requests`` are those of the APIs the kind charges."""
     from pyspark.sql import functions as F
@@ -51,7 +59,7 @@ def _long(intervals):
             .withColumn("rate", F.col("amount") / F.col("interval_seconds")))
 
 
-def producer_id_windows(usage, window_s: float):
+def producer_id_windows(usage: DataFrame, window_s: float) -> DataFrame:
     """New producer ids per (proxy, user, window), windows of ``window_s`` from the epoch
     (tumbling: a burst across a window edge is split; the quota's own window slides)."""
     from pyspark.sql import functions as F
@@ -62,7 +70,8 @@ def producer_id_windows(usage, window_s: float):
             .agg(F.sum("new_producer_ids").cast("double").alias("amount")))
 
 
-def demand_percentiles(intervals, pid_windows, quantiles=(0.5, 0.95, 0.99), accuracy: int = 10_000):
+def demand_percentiles(intervals: DataFrame, pid_windows: DataFrame, quantiles: Sequence[float] = (0.5, 0.95, 0.99),
+                       accuracy: int = 10_000) -> DataFrame:
     """Per (user, client_id, kind): samples, total, mean, the quantiles and the max of the
     per-second rate over the intervals in which the principal used that kind (for
     producer_ids_rate: new ids per window, per user, client_id "")."""
@@ -87,7 +96,7 @@ def _label(quantile: float) -> str:
     return f"{quantile * 100:g}".replace(".", "_")
 
 
-def throttling(intervals):
+def throttling(intervals: DataFrame) -> DataFrame:
     """Per (user, client_id): requests, how many were throttled or rejected, and the throttle
     time per second of activity (1.0: throttled all the time it was active); then the same for
     what quotas in shadow mode would have done (``shadow_*``), none of which was applied."""
@@ -108,7 +117,7 @@ def throttling(intervals):
     return intervals.groupBy(*PRINCIPAL).agg(*sums).select("*", *ratios).select(*columns)
 
 
-def shadow_affected(throttling_df):
+def shadow_affected(throttling_df: DataFrame) -> DataFrame:
     """The principals quotas in shadow mode would have throttled or rejected, most affected
     first: by the larger of the two shares of its requests (a request can be both), then by
     the throttle time it would have waited per second of activity."""
@@ -121,7 +130,7 @@ def shadow_affected(throttling_df):
                     "shadow_rejected_ratio", "shadow_throttle_time_ms", "shadow_throttle_time_ratio"))
 
 
-def principal_kinds(intervals):
+def principal_kinds(intervals: DataFrame) -> DataFrame:
     """Per (user, client_id): its requests, and per rate kind ``<kind>__requests``, the requests
     of the APIs that kind charges (whether it had any demand of the kind or not)."""
     from pyspark.sql import functions as F
@@ -130,7 +139,7 @@ def principal_kinds(intervals):
             .agg(*[F.sum(f"{kind}__requests").alias(f"{kind}__requests") for kind in RATE_KINDS]))
 
 
-def top_talkers(intervals, n: int):
+def top_talkers(intervals: DataFrame, n: int) -> DataFrame:
     """The ``n`` principals that moved the most bytes, with their share of all bytes."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
@@ -143,7 +152,7 @@ def top_talkers(intervals, n: int):
     return totals.orderBy(F.desc("bytes"), *PRINCIPAL).limit(n)
 
 
-def timeline(intervals, columns: list[str], keep: int, max_points: int):
+def timeline(intervals: DataFrame, columns: list[str], keep: int, max_points: int) -> dict[str, PandasFrame | Span]:
     """Per-second rates of ``columns`` over time for charts: the ``keep`` principals with the
     most of each column by name, everyone else as "others", in at most ``max_points`` buckets.
     Small by construction: (max_points × (keep + 1)) rows per column. The key ``"span"`` holds
@@ -151,8 +160,9 @@ def timeline(intervals, columns: list[str], keep: int, max_points: int):
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    span = intervals.agg(F.min("interval_start").alias("lo"), F.max("interval_start").alias("hi"),
-                         F.max("interval_seconds").alias("step")).first()
+    # An aggregate without groups has exactly one row: first() is never None here.
+    span = cast("Row", intervals.agg(F.min("interval_start").alias("lo"), F.max("interval_start").alias("hi"),
+                                     F.max("interval_seconds").alias("step")).first())
     if span.lo is None:
         return {}
     seconds = (span.hi - span.lo).total_seconds() + span.step
@@ -160,7 +170,7 @@ def timeline(intervals, columns: list[str], keep: int, max_points: int):
     bucket_s = span.step * max(1, int(-(-seconds // (max_points * span.step))))
     bucket = (F.floor(F.unix_timestamp("interval_start") / bucket_s) * bucket_s).cast("timestamp")
     named = intervals.withColumn("principal", F.concat_ws(" / ", *PRINCIPAL))
-    out = {}
+    out: dict[str, PandasFrame | Span] = {}
     for column in columns:
         ranked = (named.groupBy("principal").agg(F.sum(column).alias("total")).where(F.col("total") > 0)
                   .withColumn("rank", F.row_number().over(Window.orderBy(F.desc("total"), "principal"))))

@@ -16,6 +16,12 @@ members per interval is issue 31; :func:`members` gives the groups.)
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column
+
 NAMED = 8  # proxies named per fleet; more are counted
 
 PER_INSTANCE = ("Demand, recommendations and the replay are per proxy instance, fleet members included: a fleet's "
@@ -25,7 +31,7 @@ PER_INSTANCE = ("Demand, recommendations and the replay are per proxy instance, 
                 "count each request once (a member logs only its own clients' requests).")
 
 
-def members_agg():
+def members_agg() -> Column:
     """An aggregate column: the distinct (fleet, proxy) pairs of the usage rows (few: one per
     proxy and setting), for :func:`members`."""
     from pyspark.sql import functions as F
@@ -33,7 +39,7 @@ def members_agg():
     return F.collect_set(F.struct("fleet", "proxy"))
 
 
-def members(pairs) -> dict[str, list[str]]:
+def members(pairs: Iterable[Sequence[str]]) -> dict[str, list[str]]:
     """fleet topic ("" for the proxies that enforced alone) → its proxies, sorted, from the rows
     of :func:`members_agg` (or (fleet, proxy) tuples). A proxy run both ways is under both."""
     out: dict[str, list[str]] = {}

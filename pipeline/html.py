@@ -4,6 +4,13 @@ from __future__ import annotations
 
 import html
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+from .frames import PandasFrame
+
+if TYPE_CHECKING:
+    from .demand import Span
 
 CHARTS = (
     # (timeline column, title, unit)
@@ -16,7 +23,7 @@ CHARTS = (
 )
 
 
-def _pyplot():
+def _pyplot() -> ModuleType:
     """matplotlib's pyplot, drawing to files only (no display)."""
     import matplotlib
 
@@ -26,7 +33,12 @@ def _pyplot():
     return plt
 
 
-def stacked_chart(pdf, title: str, unit: str, path: Path, span=None) -> bool:
+# A table of the report: (heading, CSV file name, pandas DataFrame), or with a fourth item, the
+# sentence shown instead of an empty table.
+Table = tuple[str, str, PandasFrame] | tuple[str, str, PandasFrame, str]
+
+
+def stacked_chart(pdf: PandasFrame | None, title: str, unit: str, path: Path, span: Span | None = None) -> bool:
     """A stacked area chart of ``pdf`` (time, series, rate): the biggest series first and
     named in the legend, so the one that dominates is seen at once; buckets without demand are
     drawn as zero over the whole ``span`` (first, last, step seconds). False if nothing to draw."""
@@ -76,16 +88,16 @@ def bar_chart(labels: list[str], values: list[float], title: str, unit: str, pat
     return True
 
 
-def _table(pdf, limit: int = 50, empty: str | None = None) -> str:
+def _table(pdf: PandasFrame | None, limit: int = 50, empty: str | None = None) -> str:
     if pdf is None or pdf.empty:
         return f"<p>{html.escape(empty)}</p>" if empty else "<p><em>none</em></p>"
     more = f"<p>{len(pdf) - limit} more rows in the CSV.</p>" if len(pdf) > limit else ""
-    return pdf.head(limit).to_html(index=False, float_format=lambda v: f"{v:,.3f}", border=0,
-                                   classes="t") + more
+    table: str = pdf.head(limit).to_html(index=False, float_format=lambda v: f"{v:,.3f}", border=0, classes="t")
+    return table + more
 
 
 def write_report(out: Path, *, title: str, summary: list[str], headlines: list[str], charts: list[Path],
-                 tables: list[tuple], recommended_yaml: str) -> Path:
+                 tables: list[Table], recommended_yaml: str) -> Path:
     """``tables``: (heading, CSV file name, pandas DataFrame), or with a fourth item, the
     sentence shown instead of an empty table."""
     parts = [

@@ -39,6 +39,8 @@ from quotas.common import (
 )
 from usage.schema import OTHER
 
+from .frames import PandasFrame
+
 # Demand below these is never called abuse, whatever the rest of the fleet does, and an
 # outlier's quota is never below them. Byte, record, batch and request rates vary over orders of
 # magnitude between healthy principals (one ingest pipeline moves more than a hundred small
@@ -178,6 +180,7 @@ def assess(population: Mapping[str, Iterable[Key]], statistics: Mapping[tuple[st
     keyed by (kind, principal); missing means no demand, 0); the outliers that have a
     recommendation, with their bound and a sentence saying why; and one note naming the kinds
     that had too few principals to judge (none when every kind was judged)."""
+    verdicts: list[Verdict]
     verdicts, flags, unjudged = [], [], []
     for kind, keys in population.items():
         keys = list(dict.fromkeys(keys))
@@ -242,7 +245,7 @@ def _reason(v: Verdict, own: float, bound: float, fleet_rec: float, rule: Rule, 
 
 # -- the report's tables ------------------------------------------------------------------------
 
-def populations(principals, other: str = OTHER) -> dict[str, list[Key]]:
+def populations(principals: PandasFrame, other: str = OTHER) -> dict[str, list[Key]]:
     """Each kind's population from ``principals`` (pandas: user, client_id, and per rate kind
     ``<kind>__requests``, the requests of the APIs it charges); the overflow row is nobody."""
     from .kinds import ALL_KINDS
@@ -259,7 +262,9 @@ def populations(principals, other: str = OTHER) -> dict[str, list[Key]]:
     return out
 
 
-def mark(percentiles, recommended, principals, rule: Rule | None, window_s: float = 3600.0, other: str = OTHER):
+def mark(percentiles: PandasFrame, recommended: PandasFrame, principals: PandasFrame, rule: Rule | None,
+         window_s: float = 3600.0, other: str = OTHER
+         ) -> tuple[PandasFrame, PandasFrame, list[Flag], list[str]]:
     """The rule applied to the report's tables (pandas, as the CSVs have them). Returns
     (percentiles + ``outlier_threshold``, ``outlier``; recommended + ``own_recommended``,
     ``outlier``, ``reason``, with an outlier's ``recommended`` replaced by its bound; the flags;
@@ -271,7 +276,7 @@ def mark(percentiles, recommended, principals, rule: Rule | None, window_s: floa
     if rule is None:
         return percentiles, recommended, [], []
 
-    def keyed(pdf, column):
+    def keyed(pdf: PandasFrame, column: str) -> dict[tuple[str, Key], float]:
         return {(k, (u, c)): float(x) for u, c, k, x in zip(pdf["user"], pdf["client_id"], pdf["kind"], pdf[column])}
 
     population = populations(principals, other)
@@ -283,7 +288,7 @@ def mark(percentiles, recommended, principals, rule: Rule | None, window_s: floa
     by_key = {(v.kind, v.key): v for v in verdicts}
     flagged = {(f.verdict.kind, f.verdict.key): f for f in flags}
 
-    def verdict_of(pdf):
+    def verdict_of(pdf: PandasFrame) -> list[Verdict | None]:
         return [by_key.get((k, (u, c))) for u, c, k in zip(pdf["user"], pdf["client_id"], pdf["kind"])]
 
     found = verdict_of(percentiles)
@@ -299,7 +304,7 @@ def mark(percentiles, recommended, principals, rule: Rule | None, window_s: floa
     return percentiles, recommended, flags, notes
 
 
-def replay_outcome(replayed, flags: list[Flag]):
+def replay_outcome(replayed: PandasFrame | None, flags: list[Flag]) -> PandasFrame:
     """What the replay did to each outlier and to everyone else (pandas rows: who, kind,
     requests, throttled_share, rejected_share, demand, rejected_amount_share): per outlier its
     kind and all its requests ("(any)"), then the other principals' requests in all."""
@@ -308,9 +313,10 @@ def replay_outcome(replayed, flags: list[Flag]):
     columns = ["who", "kind", "requests", "throttled_share", "rejected_share", "demand", "rejected_amount_share"]
     if replayed is None or not flags:
         return pd.DataFrame(columns=columns)
-    rows, held = [], set()
+    rows: list[tuple[str, str, int, float, float, float, float]] = []
+    held: set[tuple[str, str]] = set()
 
-    def line(who, kind, part):
+    def line(who: str, kind: str, part: PandasFrame) -> None:
         req, dem = float(part["requests"].sum()), float(part["demand"].sum())
         rows.append((who, kind, int(req), part["throttled_requests"].sum() / req if req else 0.0,
                      part["rejected_requests"].sum() / req if req else 0.0, dem,
@@ -332,9 +338,9 @@ def replay_outcome(replayed, flags: list[Flag]):
     return pd.DataFrame(rows, columns=columns)
 
 
-def outlier_rows(replayed, flags: list[Flag]) -> list[bool]:
+def outlier_rows(replayed: PandasFrame, flags: list[Flag]) -> list[bool]:
     """replay.csv's ``outlier`` column: a row of an outlier's kind, or its "(any)" row."""
-    marked = set()
+    marked: set[tuple[str, str | None, str]] = set()
     for f in flags:
         user, client_id = f.verdict.key
         marked.add((user, client_id if client_id else None, f.verdict.kind))

@@ -17,7 +17,9 @@ bucket holds a burst of quota × samples × window and needs no such allowance.)
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import yaml
@@ -27,10 +29,19 @@ from quotas.entities import ANONYMOUS
 from usage.schema import OTHER
 
 from .demand import PRINCIPAL, _long
+from .frames import PandasFrame
 from .kinds import ALL_KINDS, PER_WINDOW
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 RECOMMENDED_SCHEMA = ("user string, client_id string, kind string, admitting double, per_request double, "
                       "recommended double")
+
+EntityKey = tuple[tuple[str, str], ...]  # ((field, value), ...): ("user", ...) and / or ("client_id", ...)
+QuotaEntry = dict[str, str | float]  # an entry of the quotas: list: its entity's fields, then kind → value
+# (entity, kind) of a comment: the entity as entity_key gives it (None: it has none), or as an entry's fields.
+CommentKey = tuple[tuple[tuple[str, str | float], ...] | None, str]
 
 
 def admitting(rates: np.ndarray, seconds: np.ndarray, share: float) -> float:
@@ -55,14 +66,15 @@ def recommended_value(admitting_q: float, headroom: float) -> float:
     return float(max(1, math.ceil(admitting_q * (1 + headroom) - 1e-9)))
 
 
-def recommendations(intervals, pid_windows, share: float, headroom: float, measured_over_s: float = 10.0):
+def recommendations(intervals: DataFrame, pid_windows: DataFrame, share: float, headroom: float,
+                    measured_over_s: float = 10.0) -> DataFrame:
     """(user, client_id, kind, admitting, per_request, recommended) for every principal and
     kind with demand; producer_ids_rate per user (client_id ""). ``per_request``: the allowance
     for whole requests (mean amount per request / ``measured_over_s``; 0 for token buckets and
     per-window kinds). The (other) overflow row gets none."""
     from pyspark.sql import functions as F
 
-    def per_group(pdf):
+    def per_group(pdf: PandasFrame) -> PandasFrame:
         import pandas as pd
 
         q = admitting(pdf["rate"].to_numpy(), pdf["interval_seconds"].to_numpy(), share)
@@ -87,7 +99,7 @@ def recommendations(intervals, pid_windows, share: float, headroom: float, measu
     return rates.unionByName(pids)
 
 
-def entity_key(user: str, client_id: str, kind: str) -> tuple | None:
+def entity_key(user: str, client_id: str, kind: str) -> EntityKey | None:
     """The quota entity a recommendation for (user, client_id, kind) is written for, as
     ((field, value), ...), or None when it has none (ANONYMOUS without a client id).
 
@@ -103,11 +115,11 @@ def entity_key(user: str, client_id: str, kind: str) -> tuple | None:
     return (("user", user), ("client_id", client_id))
 
 
-def quota_entries(rows) -> tuple[list[dict], list[str]]:
+def quota_entries(rows: Iterable[Mapping[str, Any]]) -> tuple[list[QuotaEntry], list[str]]:
     """Config entries (one per entity, kinds merged, in a stable order) from recommendation
     rows (dicts or pandas rows with user, client_id, kind, recommended), and notes on what
     could not be expressed as a quota entity (see :func:`entity_key`)."""
-    entities: dict[tuple, dict] = {}
+    entities: dict[EntityKey, QuotaEntry] = {}
     notes = []
     for row in rows:
         user, client_id, kind, value = row["user"], row["client_id"], row["kind"], row["recommended"]
@@ -118,18 +130,18 @@ def quota_entries(rows) -> tuple[list[dict], list[str]]:
         entry = entities.setdefault(key, dict(key))
         entry[kind] = int(value) if float(value).is_integer() else float(value)
     order = {k: i for i, k in enumerate(ALL_KINDS)}
-    out = []
+    out: list[QuotaEntry] = []
     for key in sorted(entities):
         e = entities[key]
-        head = {k: e[k] for k in ("user", "client_id") if k in e}
+        head: QuotaEntry = {k: e[k] for k in ("user", "client_id") if k in e}
         kinds = sorted((k for k in e if k not in head), key=order.__getitem__)
         out.append({**head, **{k: e[k] for k in kinds}})
     return out, notes
 
 
-def quotas_yaml(entries: list[dict], notes: list[str], share: float, headroom: float,
-                base_config: dict | None, span: tuple[datetime, datetime] | None,
-                comments: dict[tuple, str] | None = None, header: list[str] | None = None) -> str:
+def quotas_yaml(entries: list[QuotaEntry], notes: list[str], share: float, headroom: float,
+                base_config: dict[str, Any] | None, span: tuple[datetime, datetime] | None,
+                comments: dict[CommentKey, str] | None = None, header: list[str] | None = None) -> str:
     """A configuration file: the base configuration's sections (or a placeholder upstream) with
     ``quotas:`` replaced by the recommendation. ``check-config`` accepts it as it is.
 
@@ -159,16 +171,17 @@ def quotas_yaml(entries: list[dict], notes: list[str], share: float, headroom: f
     return "\n".join(lines) + "\n" + "\n".join(body) + "\n"
 
 
-def _dump(value) -> str:
-    return yaml.safe_dump(value, sort_keys=False, default_flow_style=False, allow_unicode=True,
-                          width=float("inf")).rstrip("\n")
+def _dump(value: object) -> str:
+    text: str = yaml.safe_dump(value, sort_keys=False, default_flow_style=False, allow_unicode=True,
+                               width=float("inf"))
+    return text.rstrip("\n")
 
 
 def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
-def _entries_yaml(entries: list[dict], comments: dict[tuple, str]) -> list[str]:
+def _entries_yaml(entries: list[QuotaEntry], comments: dict[CommentKey, str]) -> list[str]:
     """The quotas list item by item, as yaml.safe_dump writes it, with a comment line above
     each value that ``comments`` explains."""
     lines = []

@@ -24,11 +24,14 @@ not how the clients would have reacted.
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import yaml
 
 from config.engines import producer_id_manager_for, quota_manager_for
 from config.loader import parse_config
+from config.model import Config
+from quotas import QuotaManager
 from quotas.common import (
     CONSUMER_BYTE_RATE,
     CONSUMER_RECORD_RATE,
@@ -39,9 +42,16 @@ from quotas.common import (
     PRODUCER_RECORD_RATE,
     REQUEST_RATE,
 )
+from quotas.producer_ids import ProducerIdQuotaManager
 from usage.schema import OTHER
 
+from .frames import PandasFrame
 from .kinds import DEMAND, FETCH, MUTATING, PER_WINDOW, PRODUCE, SHARE_FETCH
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
+    from pyspark.sql import DataFrame
 
 ANY = "(any)"  # a request held back by any quota
 REPLAY_SCHEMA = (
@@ -51,16 +61,18 @@ REPLAY_SCHEMA = (
 _AMOUNTS = ("requests", "request_bytes", "response_bytes", "records", "batches", "partition_mutations",
             "new_producer_ids")
 REPLAY_COLUMNS = ("interval_start", "interval_seconds", "client_id", "api_key", *_AMOUNTS)
+ReplayRow = tuple[str | float, ...]  # a row of REPLAY_SCHEMA
 
 
 @lru_cache(maxsize=4)
-def candidate(config_yaml: str):
+def candidate(config_yaml: str) -> Config:
     """The configuration a replay applies (parsed once per worker process)."""
     return parse_config(yaml.safe_load(config_yaml))
 
 
 
-def events(rows, max_events: int):
+def events(rows: PandasFrame, max_events: int
+           ) -> tuple[NDArray[np.intp], NDArray[np.int64], list[NDArray[np.int64]]]:
     """The events of ``rows`` (a pandas DataFrame with ``REPLAY_COLUMNS``; interval_start in epoch
     ms) in time order: (row index, time ms, and each of ``_AMOUNTS`` as this event's share).
 
@@ -86,9 +98,9 @@ def events(rows, max_events: int):
 _CHARGES = {**DEMAND, **PER_WINDOW}  # kind → the usage column it charges, and on which APIs
 
 
-def _demand(rows) -> dict[tuple[str, str], list]:
+def _demand(rows: PandasFrame) -> dict[tuple[str, str], list[float]]:
     """(client_id, kind) → [requests, demand] straight from the rows (quota or not)."""
-    out: dict[tuple[str, str], list] = {}
+    out: dict[tuple[str, str], list[float]] = {}
     api = rows["api_key"]
     for kind, (column, apis) in _CHARGES.items():
         on = rows if apis is None else rows[api.isin(sorted(apis))]
@@ -100,14 +112,14 @@ def _demand(rows) -> dict[tuple[str, str], list]:
     return out
 
 
-def replay_user(proxy: str, user: str, rows, config, max_events: int = 10) -> list[tuple]:
+def replay_user(proxy: str, user: str, rows: PandasFrame, config: Config, max_events: int = 10) -> list[ReplayRow]:
     """Replays one (proxy, user)'s usage rows (a pandas DataFrame with ``REPLAY_COLUMNS``;
     interval_start in epoch ms) through fresh engines built from ``config``. Rows out match
     ``REPLAY_SCHEMA``: every (client id, kind) with demand, and (client id, "(any)")."""
     quotas = quota_manager_for(config)
     producer_ids = producer_id_manager_for(config)
     demand = _demand(rows)
-    held: dict[tuple[str, str], list] = {key: [0, 0.0, 0, 0.0] for key in demand}
+    held: dict[tuple[str, str], list[float]] = {key: [0, 0.0, 0, 0.0] for key in demand}
     # Which quotas apply to each client id of this user (the engines answer ADMIT for the rest).
     pid_rule = producer_ids.resolve(user) is not None
     limited = {cid: {k for k in _CHARGES if k != PRODUCER_IDS_RATE and quotas.resolve(user, cid, k)}
@@ -118,7 +130,9 @@ def replay_user(proxy: str, user: str, rows, config, max_events: int = 10) -> li
             for (cid, kind), (req, amount) in sorted(demand.items())]
 
 
-def _run_events(user, rows, quotas, producer_ids, limited, pid_rule, held, max_events) -> None:
+def _run_events(user: str, rows: PandasFrame, quotas: QuotaManager, producer_ids: ProducerIdQuotaManager,
+                limited: dict[str, set[str]], pid_rule: bool, held: dict[tuple[str, str], list[float]],
+                max_events: int) -> None:
     """Charges every event in time order, in the proxy's filter order; adds to ``held``:
     (client id, kind) → [throttled requests, throttle ms, rejected requests, rejected amount]."""
     row, times, (reqs, req_bytes, resp_bytes, records, batches, mutations, new_ids) = events(rows, max_events)
@@ -127,7 +141,7 @@ def _run_events(user, rows, quotas, producer_ids, limited, pid_rule, held, max_e
     check = quotas.check_and_record
     next_pid = 0
 
-    def hold(cid, kind, n, throttle_ms, rejected=0.0):
+    def hold(cid: str, kind: str, n: int, throttle_ms: int, rejected: float = 0.0) -> None:
         h = held[(cid, kind)]
         if throttle_ms:
             h[0] += n
@@ -184,13 +198,13 @@ def _run_events(user, rows, quotas, producer_ids, limited, pid_rule, held, max_e
         hold(cid, ANY, n, throttle, float(n) if rejected else 0.0)
 
 
-def replay(usage, config_yaml: str, max_events: int = 10):
+def replay(usage: DataFrame, config_yaml: str, max_events: int = 10) -> DataFrame:
     """The replay as a DataFrame (``REPLAY_SCHEMA``): one group per (proxy, user), in parallel."""
     from pyspark.sql import functions as F
 
     candidate(config_yaml)  # a bad file fails here, on the driver, not in every task
 
-    def per_user(pdf):
+    def per_user(pdf: PandasFrame) -> PandasFrame:
         import pandas as pd
 
         pdf = pdf.sort_values(["interval_start", "client_id", "api_key"], kind="stable").reset_index(drop=True)

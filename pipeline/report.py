@@ -20,11 +20,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO, cast
 
 import yaml
 
 from .errors import UsageError
+from .frames import PandasFrame
+
+if TYPE_CHECKING:
+    from pyspark.sql import Row, SparkSession
+
+    from .outliers import Flag, Rule
+    from .recommend import CommentKey
 
 QUANTILES = (0.5, 0.95, 0.99)
 
@@ -62,7 +69,7 @@ class Outputs:
     rows: int = 0
     headlines: list[str] = field(default_factory=list)
     fleet: list[str] = field(default_factory=list)  # how the proxies enforced: fleets, and what that means
-    outliers: list = field(default_factory=list)  # outliers.Flag, one per flagged (principal, kind)
+    outliers: list[Flag] = field(default_factory=list)  # one per flagged (principal, kind)
     seconds: dict[str, float] = field(default_factory=dict)
 
 
@@ -77,7 +84,7 @@ class Progress:
         if not self.quiet:
             print(line, file=self.stream or sys.stderr, flush=True)
 
-    def step(self, key: str, what: str):
+    def step(self, key: str, what: str) -> _Timed:
         """Times a step; its seconds are kept under ``key``."""
         self.n += 1
         self.print(f"[{self.n}/{self.steps}] {what} …")
@@ -88,10 +95,10 @@ class _Timed:
     def __init__(self, progress: Progress, key: str) -> None:
         self.progress, self.key = progress, key
 
-    def __enter__(self):
+    def __enter__(self) -> None:
         self.t = time.monotonic()
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         took = time.monotonic() - self.t
         self.progress.seconds[self.key] = took
         if exc[0] is None:
@@ -102,8 +109,8 @@ class _Timed:
 class Inputs:
     """The options and input files as :func:`check_inputs` read them."""
 
-    rule: Any  # outliers.Rule; None with --no-outliers
-    base: dict | None  # --config as YAML read it
+    rule: Rule | None  # None with --no-outliers
+    base: dict[str, Any] | None  # --config as YAML read it
     window_s: float  # producer_id_quota_window_size_seconds
     measured_over_s: float  # the quota windows' span a rate is measured over
     candidate_text: str | None
@@ -111,7 +118,7 @@ class Inputs:
     until: datetime | None
 
 
-def run_report(opts: Options, spark=None) -> Outputs:
+def run_report(opts: Options, spark: SparkSession | None = None) -> Outputs:
     """Builds every output under ``opts.out``. Raises UsageError on bad input or options: found
     before Spark starts where they can be (:func:`check_inputs`), and then ``opts.out`` is not
     created; a refusal found while Spark reads the usage log removes the ``opts.out`` it created."""
@@ -246,7 +253,7 @@ def _jvm_output(path: Path | None) -> Iterator[TextIO | None]:
         console.close()
 
 
-def _report(opts: Options, inputs: Inputs, spark, progress: Progress) -> Outputs:
+def _report(opts: Options, inputs: Inputs, spark: SparkSession | None, progress: Progress) -> Outputs:
     """The report itself, on inputs :func:`check_inputs` passed, under the ``opts.out`` made."""
     from config import ConfigError, load_config
 
@@ -272,10 +279,11 @@ def _report(opts: Options, inputs: Inputs, spark, progress: Progress) -> Outputs
     with spark_errors():
         with progress.step("read", f"reading and checking the usage log in {opts.usage}"):
             usage = read_usage(spark, opts.usage, since, until)
-            stats = usage.agg(F.count("*").alias("rows"), F.min("interval_start").alias("lo"),
-                              F.max("interval_start").alias("hi"),
-                              F.countDistinct("user", "client_id").alias("principals"),
-                              fleet.members_agg().alias("fleets")).first()
+            # An aggregate without groups has exactly one row: first() is never None here.
+            stats = cast("Row", usage.agg(F.count("*").alias("rows"), F.min("interval_start").alias("lo"),
+                                          F.max("interval_start").alias("hi"),
+                                          F.countDistinct("user", "client_id").alias("principals"),
+                                          fleet.members_agg().alias("fleets")).first())
             if not stats.rows:
                 raise UsageError(f"no usage rows in {opts.usage}"
                                  + (" between --since and --until" if since or until else ""))
@@ -286,29 +294,31 @@ def _report(opts: Options, inputs: Inputs, spark, progress: Progress) -> Outputs
         with progress.step("demand", "demand per principal and interval; percentiles, throttling, top talkers"):
             intervals = demand.interval_demand(usage).cache()
             pid_windows = demand.producer_id_windows(usage, window_s).cache()
-            percentiles = demand.demand_percentiles(intervals, pid_windows, QUANTILES) \
+            # toPandas() is typed with pandas' DataFrame, which the checker cannot see: PandasFrame.
+            percentiles: PandasFrame = demand.demand_percentiles(intervals, pid_windows, QUANTILES) \
                 .orderBy("kind", "user", "client_id").toPandas()
             throttling = demand.throttling(intervals)
-            throttled = throttling.orderBy(F.desc("throttle_time_ms"), "user", "client_id").toPandas()
-            shadow = demand.shadow_affected(throttling).toPandas()
-            talkers = demand.top_talkers(intervals, opts.top).toPandas()
-            principals = demand.principal_kinds(intervals).toPandas()
+            throttled: PandasFrame = throttling.orderBy(F.desc("throttle_time_ms"), "user", "client_id").toPandas()
+            shadow: PandasFrame = demand.shadow_affected(throttling).toPandas()
+            talkers: PandasFrame = demand.top_talkers(intervals, opts.top).toPandas()
+            principals: PandasFrame = demand.principal_kinds(intervals).toPandas()
             result.files["demand"] = _csv(percentiles, out / "demand.csv")
             result.files["throttling"] = _csv(throttled, out / "throttling.csv")
             result.files["top_talkers"] = _csv(talkers, out / "top_talkers.csv")
 
         with progress.step("recommend",
                            f"recommending quotas (admit {opts.share:g} of demand, {opts.headroom:.0%} headroom)"):
-            recommended = recommendations(intervals, pid_windows, opts.share, opts.headroom, measured_over_s) \
-                .orderBy("user", "client_id", "kind").toPandas()
+            recommended: PandasFrame = recommendations(intervals, pid_windows, opts.share, opts.headroom,
+                                                       measured_over_s).orderBy("user", "client_id", "kind").toPandas()
             percentiles, recommended, flags, outlier_notes = mark(percentiles, recommended, principals, rule,
                                                                   window_s)
             result.outliers = flags
             _csv(percentiles, result.files["demand"])  # now with the outlier columns
             result.files["recommended"] = _csv(recommended, out / "recommended.csv")
             entries, notes = quota_entries(recommended.to_dict("records"))
-            comments = {(entity_key(f.verdict.key[0], f.verdict.key[1], f.verdict.kind), f.verdict.kind): f.reason
-                        for f in flags}
+            comments: dict[CommentKey, str] = {
+                (entity_key(f.verdict.key[0], f.verdict.key[1], f.verdict.kind), f.verdict.kind): f.reason
+                for f in flags}
             text = quotas_yaml(entries, notes, opts.share, opts.headroom, base, (stats.lo, stats.hi), comments,
                                _outlier_header(rule, flags, outlier_notes)
                                # The file is what gets applied: it says when its values are per fleet member.
@@ -321,7 +331,9 @@ def _report(opts: Options, inputs: Inputs, spark, progress: Progress) -> Outputs
                 raise RuntimeError(f"the recommended configuration does not load: {exc}") from exc
             result.files["recommended_quotas"] = path
 
-        replayed = None
+        # None without the replay; not "PandasFrame | None": assigning toPandas() would narrow it to pyspark's
+        # unresolved pandas type (see above).
+        replayed: PandasFrame = None
         if opts.replay:
             with progress.step(
                 "replay",
@@ -382,7 +394,7 @@ def _report(opts: Options, inputs: Inputs, spark, progress: Progress) -> Outputs
     return result
 
 
-def headlines(percentiles, throttled, shadow=None) -> list[str]:
+def headlines(percentiles: PandasFrame, throttled: PandasFrame, shadow: PandasFrame | None = None) -> list[str]:
     """One line per quota kind naming the principal with the largest share of its demand (when
     that share is large), the most throttled principal, and the one quotas in shadow mode would
     have held back the most (``shadow``: demand.shadow_affected, most affected first)."""
@@ -409,7 +421,7 @@ def headlines(percentiles, throttled, shadow=None) -> list[str]:
 NO_SHADOW = "No quota in shadow mode throttled or rejected anything in this period."
 
 
-def shadow_headline(shadow) -> str:
+def shadow_headline(shadow: PandasFrame) -> str:
     """The principal quotas in shadow mode would have held back the most, in a sentence."""
     row = shadow.iloc[0]
     requests, throttled, rejected = row["requests"], row["shadow_throttled"], row["shadow_rejected"]
@@ -430,7 +442,7 @@ def shadow_headline(shadow) -> str:
     return line
 
 
-def shadow_table(shadow):
+def shadow_table(shadow: PandasFrame) -> PandasFrame:
     """``shadow`` (demand.shadow_affected) with the report's column headings."""
     return shadow.assign(
         shadow_throttled_ratio=shadow["shadow_throttled_ratio"].map(_percent),
@@ -449,7 +461,7 @@ def _percent(ratio: float) -> str:
     return f"{ratio:.1%}" if ratio >= 0.001 else "<0.1%"
 
 
-def _outlier_header(rule, flags, notes) -> list[str]:
+def _outlier_header(rule: Rule | None, flags: list[Flag], notes: list[str]) -> list[str]:
     """The outlier rule in a sentence, how many it flagged, and the kinds it could not judge."""
     if rule is None:
         return ["Outliers: not looked for (--no-outliers); every value comes from the principal's own demand"]
@@ -462,7 +474,7 @@ def _outlier_header(rule, flags, notes) -> list[str]:
     return lines + notes
 
 
-def outlier_headlines(flags, notes) -> list[str]:
+def outlier_headlines(flags: list[Flag], notes: list[str]) -> list[str]:
     """One line per outlier (its demand, the bound it gets and where from, its own
     recommendation), and a line per kind too small to judge."""
     lines = []
@@ -476,7 +488,7 @@ def outlier_headlines(flags, notes) -> list[str]:
     return lines + notes
 
 
-def _csv(pdf, path: Path) -> Path:
+def _csv(pdf: PandasFrame, path: Path) -> Path:
     pdf.to_csv(path, index=False)
     return path
 
@@ -488,7 +500,7 @@ def _read(path: Path, flag: str) -> str:
         raise UsageError(f"{flag} {path}: cannot read: {exc.strerror}") from exc
 
 
-def _load_yaml(path: Path, flag: str) -> dict:
+def _load_yaml(path: Path, flag: str) -> dict[str, Any]:
     try:
         data = yaml.safe_load(_read(path, flag))
     except yaml.YAMLError as exc:

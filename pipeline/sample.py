@@ -6,10 +6,12 @@ from __future__ import annotations
 import math
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from numpy.typing import DTypeLike, NDArray
 
 from usage.schema import ADDED_IN, SCHEMA_VERSION, arrow_schema, zero_of
 
@@ -26,6 +28,9 @@ from .generate import (
     STORM_SECONDS,
     STORM_TOPICS,
 )
+
+Columns = dict[str, NDArray[Any]]  # column name → its values, one array per column (dtypes differ)
+Amount = int | NDArray[np.int64]  # one amount for every row, or one per row
 
 
 def write_usage(out: str | Path, principals: int, hours: float, interval_s: int, start: datetime | None,
@@ -72,7 +77,9 @@ def write_usage(out: str | Path, principals: int, hours: float, interval_s: int,
 
 
 
-def _hour(rng, starts, t0, total_s, interval_s, base_rate, record_size, producer, proxy, proxies) -> dict:
+def _hour(rng: np.random.Generator, starts: NDArray[np.int64], t0: int, total_s: int, interval_s: int,
+          base_rate: NDArray[np.float64], record_size: NDArray[np.int64], producer: NDArray[np.bool_], proxy: int,
+          proxies: int) -> Columns:
     """The rows of one hour at one proxy, as column arrays."""
     p, k = len(base_rate), len(starts)
     # Steady tenants: one row per tenant and interval (Produce or Fetch).
@@ -110,11 +117,12 @@ def _hour(rng, starts, t0, total_s, interval_s, base_rate, record_size, producer
     return cols
 
 
-def _rows(starts, user, client_id, api_key, requests, request_bytes, response_bytes, records=0, batches=0,
-          mutations=0, new_ids=0) -> dict:
+def _rows(starts: NDArray[np.int64], user: str, client_id: str, api_key: int, requests: Amount, request_bytes: Amount,
+          response_bytes: Amount, records: Amount = 0, batches: Amount = 0, mutations: Amount = 0,
+          new_ids: Amount = 0) -> Columns:
     n = len(starts)
 
-    def full(v, dtype=np.int64):
+    def full(v: Amount, dtype: DTypeLike = np.int64) -> NDArray[Any]:
         return np.broadcast_to(np.asarray(v, dtype=dtype), (n,)).copy()
 
     return {
@@ -126,7 +134,7 @@ def _rows(starts, user, client_id, api_key, requests, request_bytes, response_by
     }
 
 
-def _noisy(starts, t0, total_s, interval_s, rate):
+def _noisy(starts: NDArray[np.int64], t0: int, total_s: int, interval_s: int, rate: float) -> Columns | None:
     on = starts[(starts >= t0 + total_s / 3) & (starts < t0 + 2 * total_s / 3)]
     if not len(on):
         return None
@@ -135,7 +143,8 @@ def _noisy(starts, t0, total_s, interval_s, rate):
     return _rows(on, *NOISY, PRODUCE, 10 * interval_s, nbytes, 60 * interval_s, records, max(records // 50, 1))
 
 
-def _storm(starts, t0, total_s, interval_s, proxy, proxies):
+def _storm(starts: NDArray[np.int64], t0: int, total_s: int, interval_s: int, proxy: int,
+           proxies: int) -> Columns | None:
     begin = t0 + total_s // 4
     on = starts[(starts >= begin) & (starts < begin + STORM_SECONDS)]
     if not len(on):
@@ -147,7 +156,7 @@ def _storm(starts, t0, total_s, interval_s, proxy, proxies):
     return _rows(on, *STORM, CREATE_TOPICS, topics, topics * 80, topics * 40, mutations=topics * STORM_PARTITIONS)
 
 
-def _restarts(starts, interval_s, proxies):
+def _restarts(starts: NDArray[np.int64], interval_s: int, proxies: int) -> Columns:
     new_ids = max(interval_s // RESTART_EVERY_S // proxies, 1)
     init = _rows(starts, *RESTARTS, INIT_PRODUCER_ID, new_ids, new_ids * 40, new_ids * 30)
     produce = _rows(starts, *RESTARTS, PRODUCE, new_ids, new_ids * 1200, new_ids * 60, new_ids * 10, new_ids,

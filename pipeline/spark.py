@@ -9,10 +9,16 @@ import tempfile
 import zipfile
 from datetime import datetime, timezone
 from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Literal, cast
 
 from usage.schema import ADDED_IN, COLUMN_NAMES, READABLE_VERSIONS, arrow_schema, zero_of
 
 from .errors import UsageError
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
 
 # What the executors import (never proxy: a Spark job loads no asyncio, no prometheus-client).
 _PACKAGES = ("config", "quotas", "pipeline", "protocol", "usage")
@@ -20,7 +26,7 @@ _PACKAGES = ("config", "quotas", "pipeline", "protocol", "usage")
 
 def spark_session(master: str = "local[*]", app_name: str = "kafka-quota-proxy report",
                   shuffle_partitions: int | None = None, driver_memory: str | None = None,
-                  console_progress: bool = True):
+                  console_progress: bool = True) -> SparkSession:
     """A session on ``master``. Locally the workers run this interpreter; on a cluster the
     project's packages are shipped to the executors (their Python needs pandas and pyarrow)."""
     from pyspark.sql import SparkSession
@@ -64,7 +70,7 @@ def _project_zip() -> Path:
     return out
 
 
-def spark_schema():
+def spark_schema() -> StructType:
     """The usage log's Arrow schema as Spark reads it; every column nullable, so that a file
     lacking one reads as nulls and is reported (see read_usage)."""
     from pyspark.sql import types as T
@@ -89,7 +95,8 @@ def check_local(directory: str) -> None:
                          "and has the proxy run for one interval?")
 
 
-def read_usage(spark, directory: str, since: datetime | None = None, until: datetime | None = None):
+def read_usage(spark: SparkSession, directory: str, since: datetime | None = None,
+               until: datetime | None = None) -> DataFrame:
     """The usage log under ``directory`` (files of every proxy), rows in [since, until), as
     the current schema version: an older file's missing columns read as their type's zero (0, or
     "" for ``fleet``: that proxy enforced alone, as every proxy did before fleets).
@@ -128,13 +135,15 @@ def read_usage(spark, directory: str, since: datetime | None = None, until: date
 class spark_errors:
     """Turns Spark's read failures into a UsageError naming the file."""
 
-    def __enter__(self):
+    def __enter__(self) -> spark_errors:
         return self
 
-    def __exit__(self, exc_type, exc, tb):
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> Literal[False]:
         if exc is None or isinstance(exc, UsageError):
             return False
         text = str(exc)
+        exc_type = cast("type[BaseException]", exc_type)  # not None: exc is not
         if exc_type.__name__ not in ("Py4JJavaError", "SparkException") and "pyspark" not in exc_type.__module__:
             return False
         file = re.search(r"((?:file:|hdfs:|s3a?:|gs:|abfss?:)?/[^\s,'\"]+\.parquet)", text)

@@ -9,15 +9,21 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 from config import ConfigError, ConfigErrors, load_config
+from config.model import Config
 from proxy.cluster.dialer import BrokerDialer
 from proxy.control.cert_reload import CertificateReloader, watch_certificates
 from proxy.control.reload_watch import ConfigFile, ConfigWatcher, read_config_file, watch_config
 from proxy.identity.tls import server_tls
 from proxy.observability import logs
 from proxy.observability.stats import ProxyStats
+
+if TYPE_CHECKING:
+    from proxy.app.server import ProxyServer
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +52,8 @@ def package_version() -> str:
         return "unknown"
     if project.get("name") != "kafka-quota-proxy" or not isinstance(project.get("version"), str):
         return "unknown"
-    return project["version"]
+    version: str = project["version"]  # a str, checked above
+    return version
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -158,7 +165,7 @@ def _invalid(exc: ConfigError, file: str) -> int:
     return 2
 
 
-def _run(coro) -> int:
+def _run(coro: Coroutine[Any, Any, int]) -> int:
     try:
         import uvloop
     except ImportError:
@@ -166,7 +173,7 @@ def _run(coro) -> int:
     return uvloop.run(coro)
 
 
-async def serve(config, ready_file: str | None, loaded: ConfigFile | None = None) -> int:
+async def serve(config: Config, ready_file: str | None, loaded: ConfigFile | None = None) -> int:
     """Runs the proxy until SIGINT / SIGTERM; with ``loaded`` (the file ``config`` came from),
     changes of that file are applied (:class:`ConfigWatcher`) and SIGHUP reloads it; the TLS
     files are read again when they change and on SIGHUP (:class:`CertificateReloader`)."""
@@ -177,8 +184,8 @@ async def serve(config, ready_file: str | None, loaded: ConfigFile | None = None
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    watching: list[asyncio.Task] = []
-    on_sighup = []
+    watching: list[asyncio.Task[None]] = []
+    on_sighup: list[Callable[[], bool]] = []
     if loaded is not None:
         watcher = ConfigWatcher(server, loaded)
         on_sighup.append(watcher.reload_now)
@@ -204,8 +211,9 @@ async def serve(config, ready_file: str | None, loaded: ConfigFile | None = None
     return 0
 
 
-def write_ready_file(path: str, server) -> None:
-    info = {"pid": os.getpid(), "bootstrap": list(server.bootstrap_address)}
+def write_ready_file(path: str, server: ProxyServer) -> None:
+    # bootstrap_address is set once start() returned.
+    info = {"pid": os.getpid(), "bootstrap": list(cast("tuple[str, int]", server.bootstrap_address))}
     info["metrics"] = list(server.metrics_address) if server.metrics_address else None
     tmp = Path(path).with_suffix(".tmp")
     tmp.write_text(json.dumps(info))

@@ -20,7 +20,9 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from config import parse_config
 from protocol.headers import response_body_offset
@@ -28,12 +30,37 @@ from protocol.messages import decode_response
 from proxy.app.local_broker import LocalTansu
 from proxy.app.server import ProxyServer
 
+if TYPE_CHECKING:
+    import socket
+
+# kafka-python ships no types: its requests and decoded responses are Any here.
+
 TOPIC = "demo-events"
 RECORDS = 5_000
 PRODUCER_IDS_PER_MINUTE = 5
 
 
-def _client_round(bootstrap: str) -> dict:
+class _ClientRound(TypedDict):
+    produced: int
+    produce_s: float
+    consumed: int
+
+
+class _StormRound(TypedDict):
+    admitted: int
+    rejected: int
+    throttle_ms: int
+    waited_ms: float
+
+
+class _RestartRound(TypedDict):
+    producer_id: int
+    error: int
+    throttle_ms: int
+    waited_ms: float
+
+
+def _client_round(bootstrap: str) -> _ClientRound:
     from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
     from kafka.admin import NewTopic
 
@@ -61,14 +88,14 @@ def _client_round(bootstrap: str) -> dict:
     return {"produced": RECORDS, "produce_s": produced_s, "consumed": consumed}
 
 
-def _topic_storm(bootstrap: str, rounds: int = 6, per_round: int = 10, partitions: int = 2) -> list[dict]:
+def _topic_storm(bootstrap: str, rounds: int = 6, per_round: int = 10, partitions: int = 2) -> list[_StormRound]:
     """A tenant ("storm") creating topics in a loop with CreateTopics v7 (strict, KIP-599)."""
     import socket
 
     from kafka.protocol.admin import CreateTopicsRequest
 
     host, port = bootstrap.rsplit(":", 1)
-    seen = []
+    seen: list[_StormRound] = []
     with socket.create_connection((host, int(port)), timeout=30) as s:
         for r in range(rounds):
             T = CreateTopicsRequest[7].CreatableTopic
@@ -84,7 +111,7 @@ def _topic_storm(bootstrap: str, rounds: int = 6, per_round: int = 10, partition
     return seen
 
 
-def _round_trip(sock, request, correlation_id: int, client_id: str):
+def _round_trip(sock: socket.socket, request: Any, correlation_id: int, client_id: str) -> Any:
     """One request on a blocking socket; the decoded response."""
     import socket
     import struct
@@ -97,7 +124,7 @@ def _round_trip(sock, request, correlation_id: int, client_id: str):
     return decode_response(key, version, memoryview(frame)[response_body_offset(frame, key, version):])
 
 
-def _restart_loop(bootstrap: str, restarts: int = 8) -> list[dict]:
+def _restart_loop(bootstrap: str, restarts: int = 8) -> list[_RestartRound]:
     """A producer that restarts in a loop (KIP-936): every restart asks the broker for a new
     producer id (InitProducerId) and produces one idempotent batch with it."""
     import socket
@@ -107,7 +134,7 @@ def _restart_loop(bootstrap: str, restarts: int = 8) -> list[dict]:
     from kafka.record import MemoryRecordsBuilder
 
     host, port = bootstrap.rsplit(":", 1)
-    seen = []
+    seen: list[_RestartRound] = []
     for r in range(restarts):
         with socket.create_connection((host, int(port)), timeout=30) as s:
             init = _round_trip(s, InitProducerIdRequest[4](transactional_id=None, transaction_timeout_ms=60_000,
@@ -175,7 +202,7 @@ def _sample_report(workdir: Path, verbose: bool) -> list[str]:
 
 
 @contextlib.contextmanager
-def _stderr_to(path: Path):
+def _stderr_to(path: Path) -> Iterator[None]:
     """File descriptor 2 goes to ``path`` meanwhile: the JVM Spark starts writes its banner and
     warnings there, not between the demo's lines."""
     sys.stderr.flush()
@@ -240,8 +267,9 @@ async def run_demo(duration_s: float | None, report: bool = True, verbose: bool 
     server = ProxyServer(config)
     try:
         await server.start()
-        bootstrap = "%s:%d" % server.bootstrap_address
-        metrics_url = "http://%s:%d/metrics" % server.metrics_address
+        # Both set by start() (the demo's config keeps metrics on).
+        bootstrap = "%s:%d" % cast("tuple[str, int]", server.bootstrap_address)
+        metrics_url = "http://%s:%d/metrics" % cast("tuple[str, int]", server.metrics_address)
         print(f"kafka-quota-proxy on {bootstrap}  (broker ports: {server.cluster.node_ports})")
         result = await asyncio.to_thread(_client_round, bootstrap)
         print(
@@ -258,13 +286,13 @@ async def run_demo(duration_s: float | None, report: bool = True, verbose: bool 
         print(f"\na producer restarting in a loop (producer_ids_rate {PRODUCER_IDS_PER_MINUTE} new ids per "
               "minute; the demo's own producer already used one):")
         restarts = await asyncio.to_thread(_restart_loop, bootstrap)
-        for i, r in enumerate(restarts):
+        for i, restart in enumerate(restarts):
             # The broker hands out the id (InitProducerId); the proxy judges the Produce that uses it.
-            outcome = "written" if r["error"] == 0 else (
-                "refused with THROTTLING_QUOTA_EXCEEDED (nothing written)" if r["error"] == 89
-                else f"error {r['error']}")
-            print(f"   restart {i + 1}: new producer id {r['producer_id']} from the broker; its first Produce "
-                  f"{outcome}, throttle_time_ms={r['throttle_ms']}, answered after {r['waited_ms']:.0f} ms")
+            outcome = "written" if restart["error"] == 0 else (
+                "refused with THROTTLING_QUOTA_EXCEEDED (nothing written)" if restart["error"] == 89
+                else f"error {restart['error']}")
+            print(f"   restart {i + 1}: new producer id {restart['producer_id']} from the broker; its first Produce "
+                  f"{outcome}, throttle_time_ms={restart['throttle_ms']}, answered after {restart['waited_ms']:.0f} ms")
         lines = await asyncio.to_thread(
             _metric_lines, metrics_url,
             ("kqp_requests_total", "kqp_bytes_total", "kqp_quota_", "kqp_producer_ids_tokens",

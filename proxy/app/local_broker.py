@@ -65,7 +65,8 @@ def api_versions_ping(host: str, port: int, timeout_s: float = 1.0) -> bool:
 def candidate_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]  # getsockname() is untyped: (host, port) for AF_INET
+        return port
 
 
 class LocalTansu:
@@ -82,7 +83,7 @@ class LocalTansu:
         self.advertised_host = advertised_host or host
         self.advertised_port = advertised_port
         self.port = 0
-        self.process: subprocess.Popen | None = None
+        self.process: subprocess.Popen[bytes] | None = None
         self._log = tempfile.NamedTemporaryFile(prefix="tansu-", suffix=".log", delete=False)
         self.log_path = self._log.name
 
@@ -158,5 +159,5 @@ class LocalTansu:
     def __enter__(self) -> LocalTansu:
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()

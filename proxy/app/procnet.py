@@ -12,7 +12,10 @@ import os
 import socket
 import struct
 import time
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from subprocess import Popen
+from typing import AnyStr
 
 TCP_LISTEN = "0A"
 _TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
@@ -33,7 +36,7 @@ def _decode_address(field: str) -> tuple[str, int]:
     return host, int(port_hex, 16)
 
 
-def tcp_sockets():
+def tcp_sockets() -> Iterator[tuple[tuple[str, int], tuple[str, int], str, str]]:
     """Yields (local, remote, state, inode) for every TCP socket, IPv4 and IPv6."""
     for table in _TABLES:
         try:
@@ -62,7 +65,7 @@ def connection_inode(local: tuple[str, int], remote: tuple[str, int]) -> str | N
 
 def socket_inodes(pid: int) -> set[str]:
     """Inodes of every socket ``pid`` holds open."""
-    found = set()
+    found: set[str] = set()
     fd_dir = f"/proc/{pid}/fd"
     try:
         names = os.listdir(fd_dir)
@@ -78,7 +81,7 @@ def socket_inodes(pid: int) -> set[str]:
     return found
 
 
-def owner_of(inode: str, candidate_pids=()) -> int | None:
+def owner_of(inode: str, candidate_pids: Iterable[int] = ()) -> int | None:
     """The pid holding socket ``inode``: the candidates first, then every process visible."""
     for pid in candidate_pids:
         if inode in socket_inodes(pid):
@@ -89,7 +92,8 @@ def owner_of(inode: str, candidate_pids=()) -> int | None:
     return None
 
 
-def wait_serving(process, port: int, answers, what: str, timeout_s: float) -> str | None:
+def wait_serving(process: Popen[AnyStr], port: int, answers: Callable[[], bool], what: str,
+                 timeout_s: float) -> str | None:
     """None once ``process`` (a Popen) holds the socket listening on ``port`` and ``answers()``
     is true; else why not: it exited, another process holds the port, or the time ran out."""
     deadline = time.monotonic() + timeout_s

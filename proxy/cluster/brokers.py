@@ -76,7 +76,7 @@ class Cluster:
             sock.close()
             log.error("cannot listen for broker %d on %s:%d: %s", node_id, listen.host, wanted, exc)
             return wanted
-        port = sock.getsockname()[1]
+        port: int = sock.getsockname()[1]  # (host, port) for AF_INET, (host, port, flow, scope) for AF_INET6
         self.node_ports[node_id] = port
         self._stats.broker_listeners += 1
         log.info("serving broker %d (%s:%d) on %s:%d", node_id, *self.brokers[node_id], listen.host, port)

@@ -13,14 +13,15 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Iterable
-from typing import NamedTuple
+from collections.abc import Iterable, Iterator
+from typing import Any, NamedTuple
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from proxy.cluster.brokers import Cluster
 from proxy.cluster.refresh import fetch_topic_metadata
-from proxy.observability.stats import counter_by
+from proxy.observability.stats import ProxyStats, counter_by
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +74,9 @@ class LeaderCache:
         self.updated_at_s = now_s
         return True
 
-    def observe_metadata(self, topics: Iterable, now_s: float) -> int:
-        """Takes every partition of a MetadataResponse's topics; returns how many changed."""
+    def observe_metadata(self, topics: Iterable[Any], now_s: float) -> int:
+        """Takes every partition of a MetadataResponse's topics (decoded by kafka-python, untyped);
+        returns how many changed."""
         changed = 0
         for t in topics:
             if t.error_code != 0 or not t.name:
@@ -98,7 +100,8 @@ class ExpeditedRefresher:
     FENCED_LEADER_EPOCH without a leader hint (brokers before KIP-951), so the next failure can
     be answered with one. One refresh at a time; topics asked for meanwhile join the next."""
 
-    def __init__(self, cluster, cache: LeaderCache, stats, timeout_s: float, min_interval_s: float = 0.05) -> None:
+    def __init__(self, cluster: Cluster, cache: LeaderCache, stats: ProxyStats, timeout_s: float,
+                 min_interval_s: float = 0.05) -> None:
         self.cluster = cluster
         self.cache = cache
         self.stats = stats
@@ -106,27 +109,27 @@ class ExpeditedRefresher:
         self.min_interval_s = min_interval_s
         self._pending: set[str] = set()
         self._pending_ids: set[uuid.UUID] = set()
-        self._waiters: list[asyncio.Future] = []  # resolved when the next round is done
-        self._round_waiters: list[asyncio.Future] = []  # resolved when any round is done
-        self._task: asyncio.Task | None = None
+        self._waiters: list[asyncio.Future[None]] = []  # resolved when the next round is done
+        self._round_waiters: list[asyncio.Future[None]] = []  # resolved when any round is done
+        self._task: asyncio.Task[None] | None = None
         self._last_s = 0.0
         self._next_broker = 0  # rounds go round the brokers: one that lags is not asked twice running
 
-    def request(self, topics: Iterable[str], topic_ids: Iterable[uuid.UUID] = ()) -> asyncio.Future:
+    def request(self, topics: Iterable[str], topic_ids: Iterable[uuid.UUID] = ()) -> asyncio.Future[None]:
         """Asks for the topics' metadata (by name, or by id for topics only known by id, as
         Fetch v13+ names them); the future is done once a refresh that includes them has
         finished (whether or not a broker answered). Never cancel it: wait on it."""
         self._pending.update(topics)
         self._pending_ids.update(topic_ids)
-        done = asyncio.get_running_loop().create_future()
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(done)
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run())
         return done
 
-    def round_end(self) -> asyncio.Future:
+    def round_end(self) -> asyncio.Future[None]:
         """Done when the refresh round now running (or, if none is, the next one) ends."""
-        done = asyncio.get_running_loop().create_future()
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._round_waiters.append(done)
         return done
 
@@ -158,7 +161,7 @@ class ExpeditedRefresher:
                     if not waiter.done():
                         waiter.set_result(None)
 
-    async def refresh(self, topics: list[str], reason: str, topic_ids: list[uuid.UUID] = ()) -> bool:
+    async def refresh(self, topics: list[str], reason: str, topic_ids: Iterable[uuid.UUID] = ()) -> bool:
         """Metadata for ``topics`` (and ``topic_ids``) from the first broker that answers, into
         the cache."""
         start = self._next_broker
@@ -190,11 +193,11 @@ class ExpeditedRefresher:
 class LeaderCollector(Collector):
     """The leader cache's size and age, and the KIP-951 hint counters."""
 
-    def __init__(self, cache: LeaderCache, stats) -> None:
+    def __init__(self, cache: LeaderCache, stats: ProxyStats) -> None:
         self._cache = cache
         self._stats = stats
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         s = self._stats
         yield counter_by(
             "kqp_leader_hints", "NOT_LEADER_OR_FOLLOWER / FENCED_LEADER_EPOCH partitions by what the client got",

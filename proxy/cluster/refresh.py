@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from typing import Any
 
 from kafka.protocol.admin import DescribeConfigsRequest
 from kafka.protocol.metadata import MetadataRequest
@@ -19,6 +20,8 @@ from proxy.cluster.dialer import BrokerDialer, OwnConnection
 from proxy.observability.stats import ProxyStats
 
 log = logging.getLogger(__name__)
+
+# kafka-python ships no types: its decoded responses (and their topic entries) are Any here.
 
 
 async def fetch_brokers(dialer: BrokerDialer, address: tuple[str, int], timeout_s: float) -> list[tuple[int, str, int]]:
@@ -34,20 +37,21 @@ async def fetch_brokers(dialer: BrokerDialer, address: tuple[str, int], timeout_
         return [(b.node_id, b.host, b.port) for b in metadata.brokers]
 
 
-async def fetch_topics(dialer: BrokerDialer, address: tuple[str, int], names: list[str], ids: list, timeout_s: float):
+async def fetch_topics(dialer: BrokerDialer, address: tuple[str, int], names: list[str], ids: list[uuid.UUID],
+                       timeout_s: float) -> Any:
     """Metadata for the given topic names and ids (ids need Metadata v10+); returns the
     response's topics."""
     return (await fetch_topic_metadata(dialer, address, names, ids, timeout_s)).topics
 
 
-async def fetch_topic_metadata(dialer: BrokerDialer, address: tuple[str, int], names: list[str], ids: list,
-                               timeout_s: float):
+async def fetch_topic_metadata(dialer: BrokerDialer, address: tuple[str, int], names: list[str], ids: list[uuid.UUID],
+                               timeout_s: float) -> Any:
     """The MetadataResponse (brokers and topics) for the given topic names and ids."""
     async with await dialer.open(address, timeout_s) as conn, asyncio.timeout(timeout_s):
         return await topic_metadata(conn, names, ids)
 
 
-async def topic_metadata(conn: OwnConnection, names: list[str], ids: list):
+async def topic_metadata(conn: OwnConnection, names: list[str], ids: list[uuid.UUID]) -> Any:
     """The MetadataResponse for the given topic names and ids, asked on an open connection
     (never creating a topic)."""
     version = min(conn.api_versions.get(ApiKey.METADATA, (0, 0))[1], SPECS[ApiKey.METADATA].max_version)

@@ -4,6 +4,7 @@ when a controller mutation needs a topic nobody asked about yet, from the broker
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 
 class TopicCache:
@@ -16,8 +17,9 @@ class TopicCache:
         self.num_partitions_default: int | None = None  # the broker's num.partitions, once known
         self._max = max_topics
 
-    def observe_metadata(self, resp) -> None:
-        """Records every topic of a MetadataResponse that came back without error."""
+    def observe_metadata(self, resp: Any) -> None:
+        """Records every topic of a MetadataResponse that came back without error (a decoded
+        kafka-python response, untyped)."""
         for t in resp.topics:
             if t.error_code == 0 and t.name:
                 self.put(t.name, len(t.partitions), getattr(t, "topic_id", None))

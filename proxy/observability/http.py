@@ -23,9 +23,10 @@ import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any
+from typing import TypeVar
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import Metric
 
 from proxy.observability.quota_metrics import DEFAULT_MAX_ENTITY_SERIES
 from proxy.observability.stats import SAMPLES_PER_STEP, Scrape, Steps
@@ -33,6 +34,7 @@ from proxy.observability.stats import SAMPLES_PER_STEP, Scrape, Steps
 log = logging.getLogger(__name__)
 
 Check = Callable[[], tuple[bool, str]]  # () -> (ok, detail)
+_T = TypeVar("_T")
 
 _OPENMETRICS_SUFFIXES = ("_created", "_gsum", "_gcount")  # generate_latest moves these to a family's end
 
@@ -208,20 +210,21 @@ class _Slicer:
         self._slice_s = slice_s
         self._deadline_s = time.perf_counter() + slice_s
 
-    async def run(self, steps: Steps) -> Any:
+    async def run(self, steps: Generator[None, None, _T]) -> _T:
         """Runs ``steps`` to its end; returns what it returns."""
         while True:
             try:
                 next(steps)
             except StopIteration as stop:
-                return stop.value
+                value: _T = stop.value  # the generator's return value (StopIteration.value is untyped)
+                return value
             if time.perf_counter() >= self._deadline_s:
                 await asyncio.sleep(0)
                 self._deadline_s = time.perf_counter() + self._slice_s
 
 
 def _collect_steps(registry: CollectorRegistry) -> Steps:
-    families = []
+    families: list[Metric] = []
     for family in registry.collect():
         families.append(family)
         yield
@@ -231,14 +234,14 @@ def _collect_steps(registry: CollectorRegistry) -> Steps:
 class _Families:
     """A collector of metric families already built (what generate_latest formats)."""
 
-    def __init__(self, families: list) -> None:
+    def __init__(self, families: list[Metric]) -> None:
         self._families = families
 
-    def collect(self) -> list:
+    def collect(self) -> list[Metric]:
         return self._families
 
 
-def exposition_steps(families: list) -> Generator[None, None, bytes]:
+def exposition_steps(families: list[Metric]) -> Generator[None, None, bytes]:
     """The Prometheus text format of ``families``, exactly as ``generate_latest`` writes it,
     formatted SAMPLES_PER_STEP samples at a time (a family's HELP and TYPE lines once)."""
     parts = []

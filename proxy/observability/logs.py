@@ -6,6 +6,12 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Callable
+from types import TracebackType
+
+# What logging's ``exc_info`` takes (typeshed's private logging._ExcInfoType).
+ExcInfo = (bool | BaseException | tuple[type[BaseException], BaseException, TracebackType | None]
+           | tuple[None, None, None] | None)
 
 
 class JsonFormatter(logging.Formatter):
@@ -44,7 +50,8 @@ class LogLimiter:
 
     __slots__ = ("_logger", "_lines", "_interval_s", "_clock", "_window_end", "_sent", "_held_back")
 
-    def __init__(self, logger: logging.Logger, lines: int = 10, interval_s: float = 10.0, clock=time.monotonic) -> None:
+    def __init__(self, logger: logging.Logger, lines: int = 10, interval_s: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._logger = logger
         self._lines = lines
         self._interval_s = interval_s
@@ -53,7 +60,7 @@ class LogLimiter:
         self._sent = 0
         self._held_back = 0
 
-    def log(self, level: int, msg: str, *args, exc_info=None) -> bool:
+    def log(self, level: int, msg: str, *args: object, exc_info: ExcInfo = None) -> bool:
         """Logs ``msg % args`` unless the interval's lines are spent; True if it went out."""
         now = self._clock()
         if now >= self._window_end:

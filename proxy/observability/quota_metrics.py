@@ -24,17 +24,32 @@ Guarantees:
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Generator, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from itertools import chain
-from typing import Any, NamedTuple
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from proxy.observability.stats import SAMPLES_PER_STEP, Steps, counter_by, current_scrape, in_slices
 from quotas import QuotaManager
 from quotas.producer_ids import ProducerIdQuotaManager
+
+
+class DelayCounts(Protocol):
+    """What the producer-id collector reads of the producer-id filter (ProducerIdQuotaFilter)."""
+
+    @property
+    def delayed_total(self) -> int: ...
+
+
+class FailureCounts(Protocol):
+    """What the collector reads of the rate-limiter filter (RateLimiterFilter)."""
+
+    @property
+    def failures(self) -> Mapping[str, int]: ...
+
 
 OTHER = "(other)"
 DEFAULT_MAX_ENTITY_SERIES = 1000  # config.model.MetricsConfig.max_entity_series
@@ -52,14 +67,22 @@ def entity_budget(default: int) -> int:
 
 # -- choosing the entities shown ---------------------------------------------------------------
 
+K = TypeVar("K")  # an entity's key: (kind, user, client id) for quotas, the user for producer ids
+QuotaKey = tuple[str, str | None, str | None]
+# An entity's measured values, one per field: numbers, or None where the entity has no such value
+# (the tokens of a rate-only kind, the local rate with fleet off). Any, not ``float | None``: each
+# family knows which of its fields can be None.
+Values = tuple[Any, ...]
+Measured = tuple[str, float, Values]  # (group, rank, values)
 
-class Folded(NamedTuple):
-    shown: list[tuple[Any, tuple]]  # (key, values), most throttled / active first
-    other: dict[str, list]  # group (kind) -> values summed over the entities folded
+
+class Folded(NamedTuple, Generic[K]):
+    shown: list[tuple[K, Values]]  # (key, values), most throttled / active first
+    other: dict[str, list[Any]]  # group (kind) -> values summed over the entities folded (None: no value)
     counts: dict[str, int]  # group -> entities (shown or folded) seen
 
 
-class KeySnapshot:
+class KeySnapshot(Generic[K]):
     """A mapping's keys, copied at C speed into one list that is kept from scrape to scrape.
 
     Why one list kept: a new list of 100,000 references is traversed by the next young garbage
@@ -68,11 +91,11 @@ class KeySnapshot:
     look at. It is emptied after each use, so it holds no key between scrapes."""
 
     def __init__(self) -> None:
-        self._keys: list = []
+        self._keys: list[K] = []
         self._in_use = False
 
     @contextmanager
-    def of(self, mapping: Iterable) -> Iterator[list]:
+    def of(self, mapping: Iterable[K]) -> Iterator[list[K]]:
         if self._in_use:  # a plain generate_latest while a sliced scrape is under way
             yield list(mapping)
             return
@@ -94,17 +117,17 @@ def activity(throttle_ms: int, rate: float, quota: float) -> float:
 
 
 def fold_entities(
-    keys: list, measure: Callable[[Any, int], tuple | None], clock_ms: Callable[[], int], budget: int,
+    keys: list[K], measure: Callable[[K, int], Measured | None], clock_ms: Callable[[], int], budget: int,
     maxed: frozenset[int] = frozenset(),
-) -> Generator[None, None, Folded]:
+) -> Generator[None, None, Folded[K]]:
     """Measures every entity of ``keys`` and keeps the ``budget`` highest ranked; the others'
     values are summed per group (the fields in ``maxed`` take the largest instead; None never
     counts). Yields every STEP_ENTITIES entities; the clock is read again after each yield.
 
     ``measure(key, now_ms)`` -> ``(group, rank, values)``, or None for an entity gone since the
     keys were copied."""
-    shown: list = []  # a min-heap of ((rank, seq), key, group, values)
-    other: dict[str, list] = {}
+    shown: list[tuple[tuple[float, int], K, str, Values]] = []  # a min-heap of ((rank, seq), key, group, values)
+    other: dict[str, list[Any]] = {}
     counts: dict[str, int] = {}
     now_ms = clock_ms()
     for seq, key in enumerate(keys):
@@ -129,7 +152,7 @@ def fold_entities(
     return Folded([(key, values) for _, key, _, values in shown], other, counts)
 
 
-def _fold(sums: list, values: tuple, maxed: frozenset[int]) -> None:
+def _fold(sums: list[Any], values: Values, maxed: frozenset[int]) -> None:
     for f, v in enumerate(values):
         if v is None:
             continue
@@ -144,15 +167,15 @@ class QuotaCollector(Collector):
     """Rate, bound, tokens and throttle per quota entity (within the series budget), and the
     throttle / rejection counters per kind."""
 
-    def __init__(self, manager: QuotaManager, clock_ms, max_entity_series: int = DEFAULT_MAX_ENTITY_SERIES,
-                 fleet: bool = False) -> None:
+    def __init__(self, manager: QuotaManager, clock_ms: Callable[[], int],
+                 max_entity_series: int = DEFAULT_MAX_ENTITY_SERIES, fleet: bool = False) -> None:
         self._manager = manager
         self._clock_ms = clock_ms
         self._max_entity_series = max_entity_series  # without a Scrape (which brings its own)
         self._fleet = fleet  # kqp_quota_rate is the fleet's: this instance's part beside it
-        self._keys = KeySnapshot()
+        self._keys: KeySnapshot[QuotaKey] = KeySnapshot()
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         m = self._manager
         throttled = CounterMetricFamily(
             "kqp_quota_throttled", "Requests admitted with a throttle, by quota kind (refused topics are in "
@@ -179,7 +202,7 @@ class QuotaCollector(Collector):
         yield GaugeMetricFamily("kqp_quota_live_entities", "Quota entities holding state", value=m.live_entities)
         yield from in_slices(self._entity_steps(entity_budget(self._max_entity_series)))
 
-    def _measure(self, key, now_ms: int):
+    def _measure(self, key: QuotaKey, now_ms: int) -> Measured | None:
         state = self._manager._table.get(key)
         if state is None:
             return None
@@ -199,7 +222,7 @@ class QuotaCollector(Collector):
         return (yield from _quota_families(folded))
 
 
-def _quota_families(folded: Folded) -> Steps:
+def _quota_families(folded: Folded[QuotaKey]) -> Steps:
     rate = GaugeMetricFamily("kqp_quota_rate", "Observed rate per second over the quota window (with fleet on: "
                              "the fleet's, what the quota holds)", labels=_LABELS)
     local_rate = GaugeMetricFamily(
@@ -229,7 +252,7 @@ def _quota_families(folded: Folded) -> Steps:
         "kqp_quota_folded_entities", "Quota entities summed into the (other) series: over metrics.max_entity_series",
         labels=["kind"],
     )
-    shown = {}
+    shown: dict[str, int] = {}
     for (kind, *_), _values in folded.shown:
         shown[kind] = shown.get(kind, 0) + 1
     for kind, n in sorted(folded.counts.items()):
@@ -260,16 +283,17 @@ class ProducerIdCollector(Collector):
     budget) and the state of each user's layered Bloom filter; plus the rate limiters' failure
     count."""
 
-    def __init__(self, manager: ProducerIdQuotaManager, pid_filter, limiter_filter, clock_ms,
+    def __init__(self, manager: ProducerIdQuotaManager, pid_filter: DelayCounts,
+                 limiter_filter: FailureCounts, clock_ms: Callable[[], int],
                  max_entity_series: int = DEFAULT_MAX_ENTITY_SERIES) -> None:
         self._manager = manager
         self._pid_filter = pid_filter
         self._limiter_filter = limiter_filter
         self._clock_ms = clock_ms
         self._max_entity_series = max_entity_series
-        self._users = KeySnapshot()
+        self._users: KeySnapshot[str] = KeySnapshot()
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         m = self._manager
         yield GaugeMetricFamily("kqp_producer_ids_tracked_users", "Users with producer-id state", value=m.tracked_users)
         yield CounterMetricFamily("kqp_producer_ids_new", "Producer ids admitted as new", value=m.new_ids_total)
@@ -293,7 +317,7 @@ class ProducerIdCollector(Collector):
                          self._limiter_filter.failures)
         yield from in_slices(self._user_steps(entity_budget(self._max_entity_series)))
 
-    def _measure(self, user: str, now_ms: int):
+    def _measure(self, user: str, now_ms: int) -> Measured | None:
         # ProducerIdQuotaManager.user_stats, one user at a time (quotas/ has no per-user form).
         s = self._manager._users.get(user)
         if s is None:
@@ -318,7 +342,7 @@ class ProducerIdCollector(Collector):
         return (yield from _user_families(folded))
 
 
-def _user_families(folded: Folded) -> Steps:
+def _user_families(folded: Folded[str]) -> Steps:
     user = ["user"]
     families = [GaugeMetricFamily(name, doc, labels=user) for name, doc in _USER_FAMILIES]
     rejected = CounterMetricFamily(

@@ -10,14 +10,15 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Generator, Iterable, Iterator, Mapping
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from itertools import accumulate, compress
-from typing import Any
+from typing import TypeVar, cast
 
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
     HistogramMetricFamily,
+    Metric,
 )
 from prometheus_client.registry import Collector
 
@@ -35,7 +36,7 @@ SLOT_KEYS = 128  # Kafka's API keys are below 100
 SLOT_VERSIONS = 64  # and their versions below 20
 
 
-class VersionCounts(Mapping):
+class VersionCounts(Mapping[tuple[int, int], int]):
     """A count per (API key, version), read as a mapping of the pairs counted at least once.
 
     ``slots[key * SLOT_VERSIONS + version]`` is the count of a key below SLOT_KEYS at a version
@@ -97,7 +98,7 @@ class LatencyHistogram:
         return sum(self.counts)
 
 
-class LatencyByApi(Mapping):
+class LatencyByApi(Mapping[int, LatencyHistogram]):
     """A latency histogram per API key, read as a mapping of the keys observed at least once.
     ``slots[key]`` is the histogram of a key below SLOT_KEYS; :meth:`histogram` takes any key."""
 
@@ -158,7 +159,7 @@ class ProxyStats:
         self.responses_streamed: defaultdict[int, int] = defaultdict(int)
 
 
-def counter_by(name: str, doc: str, label: str, counts: Mapping) -> CounterMetricFamily:
+def counter_by(name: str, doc: str, label: str, counts: Mapping[str, int]) -> CounterMetricFamily:
     """A counter family with one series per key of ``counts``, under one label."""
     family = CounterMetricFamily(name, doc, labels=[label])
     for key, n in sorted(counts.items()):
@@ -173,12 +174,12 @@ class StatsCollector(Collector):
     def __init__(self, stats: ProxyStats) -> None:
         self._stats = stats
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         yield from in_slices(self._steps())
 
     def _steps(self) -> Steps:
         s = self._stats
-        families = []
+        families: list[Metric] = []
         for name, doc, counts in (("kqp_requests", "Requests received from clients", s.requests),
                                   ("kqp_responses", "Responses sent to clients", s.responses)):
             family = CounterMetricFamily(name, doc, labels=["api", "version"])
@@ -202,7 +203,7 @@ class StatsCollector(Collector):
         families.extend(self._gauges_and_counters())
         return families
 
-    def _gauges_and_counters(self) -> list:
+    def _gauges_and_counters(self) -> list[Metric]:
         s = self._stats
         return [
             GaugeMetricFamily("kqp_open_connections", "Open client connections", value=s.open_connections),
@@ -293,7 +294,8 @@ def _latency_family(latency: LatencyByApi) -> Steps:
 
 # A collector's work is a step generator: it yields when the event loop may run other work,
 # and returns its metric families.
-Steps = Generator[None, None, Any]
+Steps = Generator[None, None, list[Metric]]
+_T = TypeVar("_T")
 SAMPLES_PER_STEP = 32  # samples built or formatted between two chances to yield (~0.15 ms)
 
 
@@ -307,14 +309,14 @@ class Scrape:
     def __init__(self, max_entity_series: int) -> None:
         self.max_entity_series = max_entity_series
         self.deferred: list[Steps] = []
-        self._token = None
+        self._token: Token[Scrape | None] | None = None
 
     def __enter__(self) -> Scrape:
         self._token = _SCRAPE.set(self)
         return self
 
-    def __exit__(self, *exc) -> None:
-        _SCRAPE.reset(self._token)
+    def __exit__(self, *exc: object) -> None:
+        _SCRAPE.reset(cast("Token[Scrape | None]", self._token))  # set by __enter__
 
 
 # A context variable, not an argument: prometheus_client's registry calls collect() with none.
@@ -325,7 +327,7 @@ def current_scrape() -> Scrape | None:
     return _SCRAPE.get()
 
 
-def in_slices(steps: Steps) -> Iterable:
+def in_slices(steps: Steps) -> Iterable[Metric]:
     """The families ``steps`` returns: handed to the current scrape, which runs the steps in
     slices (nothing is yielded here then), or built at once when there is no scrape."""
     scrape = current_scrape()
@@ -335,10 +337,11 @@ def in_slices(steps: Steps) -> Iterable:
     return ()
 
 
-def run_to_end(steps: Steps) -> Any:
+def run_to_end(steps: Generator[None, None, _T]) -> _T:
     """Runs a step generator without yielding the loop; returns what it returns."""
     while True:
         try:
             next(steps)
         except StopIteration as stop:
-            return stop.value
+            value: _T = stop.value  # the generator's return value (StopIteration.value is untyped)
+            return value

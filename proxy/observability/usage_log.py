@@ -25,13 +25,13 @@ import os
 import re
 import secrets
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, Required, TypedDict, Unpack
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 # The schema is ``usage.schema``'s (shared with ``pipeline``); its names stay importable from here.
@@ -57,7 +57,7 @@ assert (_THROTTLE_MAX, _THROTTLED, _SHADOW_MAX, _SHADOW_THROTTLED) == (
     _THROTTLE_SUM + 1, _THROTTLE_SUM + 2, _SHADOW_SUM + 1, _SHADOW_SUM + 2)
 
 
-def _count_throttle(c: list, at: int, throttle_ms: int) -> None:
+def _count_throttle(c: list[float], at: int, throttle_ms: int) -> None:
     """Adds one throttle to the (sum, max, count) counters starting at ``at``."""
     c[at] += throttle_ms
     if throttle_ms > c[at + 1]:
@@ -70,7 +70,7 @@ class Interval(NamedTuple):
 
     start_s: int
     seconds: int
-    rows: dict[tuple[str, str, int], list]
+    rows: dict[tuple[str, str, int], list[float]]  # counters are ints but for upstream_ms
 
 
 class UsageAggregator:
@@ -81,7 +81,7 @@ class UsageAggregator:
             raise ValueError("interval_s and max_keys must be at least 1")
         self.interval_s = interval_s
         self.max_keys = max_keys
-        self._intervals: dict[int, dict[tuple[str, str, int], list]] = {}
+        self._intervals: dict[int, dict[tuple[str, str, int], list[float]]] = {}
         self.overflow_requests_total = 0  # requests counted in an (other) row
 
     def add(
@@ -183,28 +183,44 @@ class UsageLogWriter:
         return path
 
 
+class UsageCounters(TypedDict, total=False):
+    """The counters :meth:`UsageLog.add` takes: :meth:`UsageAggregator.add`'s keyword arguments."""
+
+    request_bytes: Required[int]
+    response_bytes: int
+    records: int
+    batches: int
+    mutations: int
+    new_producer_ids: int
+    throttle_ms: int
+    rejected: bool
+    upstream_ms: float
+    shadow_throttle_ms: int
+    shadow_rejected: bool
+
+
 class UsageLog:
     """Owns the aggregator (event loop side) and the writer thread. ``fleet``: the usage topic
     of the fleet the proxy enforces its quotas with (``fleet.topic``), "" when it enforces alone."""
 
     def __init__(self, directory: str | Path, interval_s: int = 10, max_keys: int = 10_000,
-                 proxy_name: str = "proxy", max_pending_intervals: int = 60, clock=time.time,
-                 fleet: str = "") -> None:
+                 proxy_name: str = "proxy", max_pending_intervals: int = 60,
+                 clock: Callable[[], float] = time.time, fleet: str = "") -> None:
         self.aggregator = UsageAggregator(interval_s, max_keys)
         self.writer = UsageLogWriter(directory, proxy_name, fleet)
         self.max_pending_intervals = max_pending_intervals
         self.clock = clock
         self._pending: list[Interval] = []  # drained, not yet written (oldest first)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="usage-log")
-        self._writing: asyncio.Future | None = None
-        self._task: asyncio.Task | None = None
+        self._writing: asyncio.Future[list[Interval]] | None = None
+        self._task: asyncio.Task[None] | None = None
         self.rows_written_total = 0
         self.files_written_total = 0
         self.write_failures_total = 0
         self.dropped_rows_total = 0
         self.last_write_s = 0.0
 
-    def add(self, user: str, client_id: str, api_key: int, **counters) -> None:
+    def add(self, user: str, client_id: str, api_key: int, **counters: Unpack[UsageCounters]) -> None:
         self.aggregator.add(self.clock(), user, client_id, api_key, **counters)
 
     def start(self) -> None:
@@ -278,7 +294,7 @@ class UsageLogCollector(Collector):
     def __init__(self, usage: UsageLog) -> None:
         self.usage = usage
 
-    def collect(self) -> Iterable:
+    def collect(self) -> Iterator[Metric]:
         u = self.usage
         for name, doc, value in (
             ("kqp_usage_log_rows_written", "Usage log rows written", u.rows_written_total),

@@ -133,8 +133,9 @@ def test_the_pipeline_loads_neither_the_proxy_nor_asyncio_nor_prometheus_client(
 
 # The connection core: what carries out decisions. Filters see it only through the filter API
 # (proxy.dataplane.filters.api: FilterContext, decisions), never as a connection.
-CORE = frozenset({"proxy.dataplane.connection", "proxy.dataplane.requests", "proxy.dataplane.response_queue", "proxy.dataplane.upstream", "proxy.dataplane.raw_sasl",
-                  "proxy.dataplane.flow", "proxy.app.server", "proxy.app.cli"})
+CORE = frozenset({"proxy.dataplane.connection", "proxy.dataplane.requests", "proxy.dataplane.response_queue",
+                  "proxy.dataplane.upstream", "proxy.dataplane.raw_sasl", "proxy.dataplane.flow",
+                  "proxy.dataplane.environment", "proxy.app.server", "proxy.app.cli"})
 
 
 def core_imports(module: str, source: str, is_package: bool = False) -> list[str]:
@@ -153,8 +154,141 @@ def test_filters_see_the_filter_api_not_the_connection():
 @pytest.mark.parametrize("source, expected", [
     ("if TYPE_CHECKING:\n    from proxy.dataplane.connection import ClientConnection\n",
      ["proxy.dataplane.filters.quotas:2 imports proxy.dataplane.connection"]),
-    ("from ..response_queue import ResponseQueue\n", ["proxy.dataplane.filters.quotas:1 imports proxy.dataplane.response_queue"]),
+    ("from ..response_queue import ResponseQueue\n",
+     ["proxy.dataplane.filters.quotas:1 imports proxy.dataplane.response_queue"]),
     ("from ..inflight import InFlight\nfrom .api import Forward\nfrom ..topics import TopicCache\n", []),
 ])
 def test_the_filter_rule_catches_a_planted_violation(source, expected):
     assert core_imports("proxy.dataplane.filters.quotas", source) == expected
+
+
+# The rooms of the proxy, lowest first: each may import itself and the rooms listed, nothing else
+# of the proxy's. The application shell (``proxy.app``, with ``proxy`` and ``proxy.__main__``)
+# wires the others; it is the only room that may import the pipeline.
+ROOMS: dict[str, frozenset[str]] = {
+    "proxy.observability": frozenset(),
+    "proxy.identity": frozenset({"proxy.observability"}),
+    "proxy.cluster": frozenset({"proxy.identity", "proxy.observability"}),
+    "proxy.control": frozenset({"proxy.cluster", "proxy.identity", "proxy.observability"}),
+    "proxy.dataplane": frozenset({"proxy.control", "proxy.cluster", "proxy.identity", "proxy.observability"}),
+    "proxy.app": frozenset({"proxy.dataplane", "proxy.control", "proxy.cluster", "proxy.identity",
+                            "proxy.observability", "pipeline"}),
+}
+
+
+def room_of(module: str) -> str:
+    """The room ``module`` (a module of the proxy's) lives in."""
+    parts = module.split(".")
+    room = ".".join(parts[:2])
+    return room if room in ROOMS else "proxy.app"  # proxy itself and proxy.__main__: the shell
+
+
+def room_violations(module: str, source: str, is_package: bool = False) -> list[str]:
+    own = room_of(module)
+    allowed = ROOMS[own] | {own}
+    found = []
+    for line, name in imported_modules(module, source, is_package):
+        top = name.partition(".")[0]
+        if top == "proxy" and name != "proxy":
+            target = room_of(name)
+        elif top == "pipeline":
+            target = "pipeline"
+        else:
+            continue
+        if target not in allowed:
+            found.append(f"{module}:{line} imports {name}")
+    return found
+
+
+def test_every_module_of_the_proxy_is_in_a_room():
+    loose = [m for m, _, _ in _modules("proxy")
+             if ".".join(m.split(".")[:2]) not in ROOMS and m not in ("proxy", "proxy.__main__")]
+    assert loose == []
+
+
+def test_each_room_imports_only_the_rooms_below_it():
+    modules = list(_modules("proxy"))
+    assert {".".join(m.split(".")[:2]) for m, _, _ in modules} >= set(ROOMS)
+    violations = [v for module, path, is_package in modules
+                  for v in room_violations(module, path.read_text(encoding="utf-8"), is_package)]
+    assert violations == []
+
+
+@pytest.mark.parametrize("module, source, expected", [
+    # The back-edges the rooms were made without: a type-only import counts.
+    ("proxy.dataplane.connection", "if TYPE_CHECKING:\n    from proxy.app.server import ProxyServer\n",
+     ["proxy.dataplane.connection:2 imports proxy.app.server"]),
+    ("proxy.observability.readiness", "from proxy.cluster.brokers import Cluster\n",
+     ["proxy.observability.readiness:1 imports proxy.cluster.brokers"]),
+    ("proxy.identity.tls", "from proxy.dataplane.guard import ConnectionGuard\n",
+     ["proxy.identity.tls:1 imports proxy.dataplane.guard"]),
+    ("proxy.control.fleet", "from pipeline.fleet import fleet_notes\n",
+     ["proxy.control.fleet:1 imports pipeline.fleet"]),
+    # Allowed: downwards, within the room, and the shell importing the pipeline.
+    ("proxy.dataplane.filters.client_quotas", "from proxy.control.quota_store import QuotaStore\n", []),
+    ("proxy.cluster.dialer", "from proxy.identity.tls import client_tls\nfrom proxy.cluster import refresh\n", []),
+    ("proxy.app.cli", "from pipeline.report import main\nfrom proxy.dataplane.connection import CLOSED\n", []),
+])
+def test_the_room_rule_catches_a_planted_violation(module, source, expected):
+    assert room_violations(module, source) == expected
+
+
+def import_circles(layers: list[str]) -> list[list[str]]:
+    """The import circles (strongly connected components of more than one module) among the
+    modules of ``layers``, largest first; every import counts, type-only ones too."""
+    modules = {m: (path, pkg) for layer in layers for m, path, pkg in _modules(layer)}
+    edges: dict[str, set[str]] = {}
+    for m, (path, pkg) in modules.items():
+        targets = set()
+        for _, name in imported_modules(m, path.read_text(encoding="utf-8"), pkg):
+            while name and name not in modules:
+                name = name.rpartition(".")[0]
+            if name and name != m:
+                targets.add(name)
+        edges[m] = targets
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's algorithm
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return sorted(circles, key=len, reverse=True)
+
+
+def test_no_import_circle_is_larger_than_six_modules():
+    circles = import_circles(sorted(ALLOWED))
+    assert [c for c in circles if len(c) > 6] == []
+
+
+def test_the_circle_finder_finds_a_circle(tmp_path, monkeypatch):
+    for name, source in {"a": "from proxy.b import x\n", "b": "from proxy.c import y\n",
+                         "c": "if TYPE_CHECKING:\n    from proxy.a import z\n", "d": "from proxy.a import x\n"}.items():
+        (tmp_path / "proxy").mkdir(exist_ok=True)
+        (tmp_path / "proxy" / f"{name}.py").write_text(source)
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert import_circles(["proxy"]) == [["proxy.a", "proxy.b", "proxy.c"]]
+
