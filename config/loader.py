@@ -17,6 +17,7 @@ from quotas.common import ALL_KINDS, ENFORCE, MODES, PRODUCER_IDS_RATE, SHADOW, 
 from quotas.entities import QuotaRule
 from quotas.limiters import load_limiter_class
 
+from .filters import read_filters
 from .model import (
     DEFAULT_RATE_LIMITERS,
     FLEET_FALLBACKS,
@@ -67,13 +68,14 @@ _T = TypeVar("_T")  # what a reader (read_int, read_number) returns
 _SECTIONS = {
     "upstream", "listen", "metrics", "quota_windows", "quota_entities", "quotas",
     "controller_mutation", "producer_id_quota", "rate_limiters", "leader_discovery",
-    "usage_log", "connections", "reload", "quota_admin", "mode", "fleet",
+    "usage_log", "connections", "reload", "quota_admin", "mode", "fleet", "filters",
 }
 # What a section that is not even a mapping reads as, so that the rest of the file is still read.
 _NO_UPSTREAM = UpstreamConfig(bootstrap_servers=())
 
 
-def load_config(file: str | Path) -> Config:
+def load_config(file: str | Path, filters: bool = True) -> Config:
+    """The configuration in ``file`` (see parse_config)."""
     path = Path(file)
     try:
         text = path.read_text(encoding="utf-8")
@@ -83,18 +85,20 @@ def load_config(file: str | Path) -> Config:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(str(path), f"not valid YAML: {exc}") from exc
-    return parse_config(data)
+    return parse_config(data, filters)
 
 
-def parse_config(data: Any) -> Config:
+def parse_config(data: Any, filters: bool = True) -> Config:
     """``data`` (a configuration as YAML loaded it) as a Config. Raises ConfigError naming the YAML
-    path and value; with several errors, ConfigErrors holding each (``.errors``), in file order."""
+    path and value; with several errors, ConfigErrors holding each (``.errors``), in file order.
+    ``filters`` False leaves ``filters:`` unread (no plug-in imported or called): for readers of
+    the quotas, such as the pipeline, which must not load the proxy's code."""
     with collecting():
-        config = _config(data)
+        config = _config(data, filters)
     return config
 
 
-def _config(data: Any) -> Config:
+def _config(data: Any, filters: bool = True) -> Config:
     if data is not None and not isinstance(data, dict):
         return invalid("$", f"must be a mapping, got {data!r}", Config(upstream=_NO_UPSTREAM))
     root = mapping(data, "$", _SECTIONS)
@@ -120,6 +124,7 @@ def _config(data: Any) -> Config:
         controller_mutation=_controller_mutation(root.get("controller_mutation", {}), "controller_mutation"),
         producer_id_quota=_producer_id_quota(root.get("producer_id_quota", {}), "producer_id_quota"),
         rate_limiters=limiters,
+        filters=read_filters(root.get("filters"), "filters") if filters else (),
         leader_discovery=_leader_discovery(root.get("leader_discovery", {}), "leader_discovery"),
         usage_log=_usage_log(root.get("usage_log", {}), "usage_log"),
         quota_admin=_quota_admin(root.get("quota_admin", {}), "quota_admin"),

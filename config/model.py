@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -208,6 +208,18 @@ DEFAULT_RATE_LIMITERS = (
 )
 
 
+@dataclass(frozen=True)
+class FilterPlugin:
+    """One entry of ``filters``: a filter factory (already imported, and tried on ``settings``
+    when the file was read) and its own settings. The proxy calls ``factory(settings)`` when it
+    builds its filter chain; what comes back is a filter (proxy.dataplane.filters.api). Two
+    entries are equal when the file says the same (``target`` and ``settings``)."""
+
+    target: str  # package.module:Factory
+    factory: Callable[[Mapping[str, Any]], object] = field(compare=False)
+    settings: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+
+
 def unenforced_kinds(limiters: tuple[RateLimiterSpec, ...]) -> frozenset[str]:
     """The record and batch quota kinds that none of ``limiters`` enforces: a quota of one of
     them would silently do nothing."""
@@ -296,6 +308,9 @@ class Config:
     controller_mutation: ControllerMutation = field(default_factory=ControllerMutation)
     producer_id_quota: ProducerIdQuota = field(default_factory=ProducerIdQuota)
     rate_limiters: tuple[RateLimiterSpec, ...] = DEFAULT_RATE_LIMITERS
+    # Filters of the operator's own: requests meet them before the quota filters, responses
+    # after the proxy's own filters (proxy.app.server.default_chain). A change needs a restart.
+    filters: tuple[FilterPlugin, ...] = ()
     leader_discovery: LeaderDiscovery = field(default_factory=LeaderDiscovery)
     usage_log: UsageLogConfig = field(default_factory=UsageLogConfig)
     quota_admin: QuotaAdminConfig = field(default_factory=QuotaAdminConfig)

@@ -67,7 +67,7 @@ ReplayRow = tuple[str | float, ...]  # a row of REPLAY_SCHEMA
 @lru_cache(maxsize=4)
 def candidate(config_yaml: str) -> Config:
     """The configuration a replay applies (parsed once per worker process)."""
-    return parse_config(yaml.safe_load(config_yaml))
+    return parse_config(yaml.safe_load(config_yaml), filters=False)  # the proxy's filters: not its to load
 
 
 

@@ -31,6 +31,7 @@ from proxy.dataplane.filters.controller_mutation import ControllerMutationFilter
 from proxy.dataplane.filters.endpoints import EndpointRewriteFilter
 from proxy.dataplane.filters.leaders import LeaderHintFilter, UpliftFilter
 from proxy.dataplane.filters.limiters import RateLimiterFilter
+from proxy.dataplane.filters.plugins import build_plugins
 from proxy.dataplane.filters.producer_ids import ProducerIdQuotaFilter
 from proxy.dataplane.filters.quotas import RateQuotaFilter, now_ms
 from proxy.dataplane.filters.sasl import SaslFilter
@@ -75,17 +76,22 @@ def default_chain(
     )
     counting = [usage] if usage is not None else []
     admin = [client_quotas] if client_quotas is not None else []
+    plugins = build_plugins(config.filters)  # the operator's own (filters:); ConfigError names filters[i]
     return FilterChain(
         # Client-quota requests are charged their request_rate, then answered once the principal
-        # is known. A Produce rejected for its producer ids is not shown to the record limiters
-        # (the usage log sees its ids first). Uplift last: every filter reads the request at the
-        # version the client used.
-        request_filters=[rates, api_versions, sasl, *admin, mutations, *counting, producer_ids, limiters,
-                         UpliftFilter()],
+        # is known. The operator's filters (filters:) see a request after the proxy's bookkeeping
+        # (request_rate charged, SASL followed) and before any quota charges what it asks for (a
+        # broker runs its policies before its controller mutation quota). A Produce rejected for
+        # its producer ids is not shown to the record limiters (the usage log sees its ids first).
+        # Uplift last: every filter reads the request at the version the client used.
+        request_filters=[rates, api_versions, sasl, *admin, *plugins.request, mutations, *counting, producer_ids,
+                         limiters, UpliftFilter()],
         # Record limiters see a Fetch response after the byte quota may have emptied it; leader
-        # hints are filled in with broker addresses before the endpoint filter rewrites them.
+        # hints are filled in with broker addresses before the endpoint filter rewrites them. The
+        # operator's filters come last: they see the response as the client will, and what the
+        # proxy learns from it (principals, partition counts) is learned from the broker's.
         response_filters=[rates, limiters, *counting, api_versions, leader_hints, EndpointRewriteFilter(), sasl,
-                          mutations],
+                          mutations, *plugins.response],
     )
 
 
@@ -158,9 +164,9 @@ class ProxyServer:
         self.refresher = ExpeditedRefresher(self.cluster, self.leaders, self.stats, config.upstream.connect_timeout_s,
                                             ld.expedited_refresh_min_interval_ms / 1000)
         self.registry.register(LeaderCollector(self.leaders, self.stats))
-        self.chain = default_chain(config, self.quotas, self.topics, self.producer_id_filter, self.limiter_filter,
-                                   LeaderHintFilter(self.leaders, self.refresher, ld.fill_hints,
-                                                    ld.hint_wait_ms / 1000), usage_filter, self.client_quotas)
+        chain = default_chain(config, self.quotas, self.topics, self.producer_id_filter, self.limiter_filter,
+                              LeaderHintFilter(self.leaders, self.refresher, ld.fill_hints, ld.hint_wait_ms / 1000),
+                              usage_filter, self.client_quotas)
         self.connections: set[Served] = set()
         # TLS termination on the client listeners (None: plaintext); ConfigError for a bad file.
         self.tls = server_tls(config.listen.tls) if config.listen.tls is not None else None
@@ -171,13 +177,23 @@ class ProxyServer:
         self._readiness = Readiness(self.stats, self.cluster, 2 * up.metadata_refresh_interval_s + up.connect_timeout_s)
         self.registry.register(GuardCollector(self.guard))
         # What every client connection is given: the parts, not this server.
-        self.env = ConnectionEnv(self.chain, self.stats, self.guard, self.cluster, self.topics, self.leaders,
+        self.env = ConnectionEnv(chain, self.stats, self.guard, self.cluster, self.topics, self.leaders,
                                  self.usage, config.upstream, config.listen.max_frame_bytes, self.connections,
                                  lambda: self.tls)
         self._servers: list[asyncio.AbstractServer] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self.bootstrap_address: tuple[str, int] | None = None
         self.metrics_address: tuple[str, int] | None = None
+
+    @property
+    def chain(self) -> FilterChain:
+        """The filter chain new connections are given."""
+        return self.env.chain
+
+    @chain.setter
+    def chain(self, chain: FilterChain) -> None:
+        """Another chain for the connections accepted from now on (those open keep theirs)."""
+        self.env = replace(self.env, chain=chain)
 
     def _usage_log(self, config: Config) -> tuple[UsageLog | None, UsageFilter | None]:
         u = config.usage_log

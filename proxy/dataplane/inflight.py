@@ -1,14 +1,52 @@
 """The in-flight entry: one request of a client connection, from when it is read until its
-response is written to the client. Filters read and note on it (the usage counters, a note for
-their response); the connection and the response queue own its other fields."""
+response is written to the client. Filters read and note on it (the usage counters, what they
+want back with the response, through a :class:`NoteKey` of their own); the connection and the
+response queue own its other fields."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+
+if TYPE_CHECKING:
+    from protocol.records import ProduceScan
+    from protocol.scan import ResponseScan
 
 Frame = bytes | bytearray | memoryview
+_T = TypeVar("_T")
+
+
+class NoteKey(Generic[_T]):
+    """A filter's own note on a request, for when its response comes: a typed key, made once at
+    module level (``_CHARGES: NoteKey[Charges] = NoteKey("controller_mutation")``) and used as
+    ``_CHARGES.set(entry, charges)`` / ``_CHARGES.get(entry)`` (None: nothing noted). mypy checks
+    what is noted and what comes back, and every key is a note of its own (two keys of the same
+    name included): no filter reads or overwrites what another one noted.
+
+    A note lives in the entry's instance dict, made only for an entry something is noted on (as
+    for any field a filter sets): a request no filter notes on costs nothing more."""
+
+    __slots__ = ("name", "_attr")
+    _made = itertools.count()
+
+    def __init__(self, name: str) -> None:
+        self.name = name  # for people: the note's owner
+        # Not an identifier, so never one of InFlight's own fields; numbered, so never another key's.
+        self._attr = f"note:{name}:{next(NoteKey._made)}"
+
+    def set(self, entry: InFlight, value: _T) -> None:
+        """Notes ``value`` on ``entry`` (replacing what this key noted there before)."""
+        setattr(entry, self._attr, value)
+
+    def get(self, entry: InFlight) -> _T | None:
+        """What this key noted on ``entry``; None when nothing was."""
+        value: _T | None = getattr(entry, self._attr, None)
+        return value
+
+    def __repr__(self) -> str:
+        return f"NoteKey({self.name!r})"
 
 
 class InFlight:
@@ -16,7 +54,7 @@ class InFlight:
 
     Every request sets the slots. The other fields are class defaults that a filter or the
     connection overrides for its own entry (kept in an instance dict, made only then), so
-    forwarding a request costs nine stores rather than twenty-two."""
+    forwarding a request costs nine stores rather than twenty-three."""
 
     __slots__ = (
         "correlation_id", "api_key", "api_version", "received_at", "request_bytes", "response",
@@ -29,9 +67,10 @@ class InFlight:
     throttle_ms = 0
     fetch_session: tuple[int, int] | None = None  # Fetch v7+: (session id, epoch)
     on_response: Callable[[Frame], Frame] | None = None  # a request filter's own rewrite of the response
-    note: Any = None  # what a request filter wants to remember for the response
-    produce: Any = None  # a Produce request's ProduceScan, once a filter has needed it (False: unreadable)
-    scan: Any = None  # a Produce / Fetch response's ResponseScan, for the filters after
+    # A Produce request's scan, once a filter has needed it (False: unreadable); see
+    # proxy.dataplane.filters.records.produce_scan. What a filter notes for itself: a NoteKey.
+    produce: ProduceScan | Literal[False] | None = None
+    scan: ResponseScan | None = None  # a Produce / Fetch response's scan, for the filters after
     # For the usage log: what a filter counted (records and batches of a Produce request or a
     # Fetch response, None: not counted), the partitions a controller mutation asked for, new
     # producer ids, a quota rejection.

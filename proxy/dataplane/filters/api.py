@@ -20,6 +20,10 @@ chain is rebuilt: at start and on every reload) and the methods of the roles tha
   back as it arrives and only its tail (tagged fields) is held back for them.
 
 Frames never include the 4-byte size prefix; only the chunk role sees and returns whole chunks.
+What a filter wants back with a request's response it notes under a key of its own
+(:class:`proxy.dataplane.inflight.NoteKey`); a quota it applies goes through
+``proxy.dataplane.filters.shadow`` (shadow mode). Filters of the operator's own are named under
+``filters:`` in the configuration and built by ``proxy.dataplane.filters.plugins``.
 A filter never touches a socket: the connection carries out its decisions. A decision other
 than these, or a response filter's ``None``, closes that one connection with a log line and a
 counter (``filter_error``), never a hang. A body a filter cannot read ends as a
@@ -31,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, Union
+from typing import TYPE_CHECKING, Protocol, TypeGuard, Union
 
 from protocol.headers import RequestHeader
 
@@ -188,6 +192,9 @@ class ConnectionActions(Protocol):
 
 
 class Filter(Protocol):
+    """A filter: its spec (a class attribute, or a property when it follows the configuration)
+    and the methods of the roles it declares (below)."""
+
     @property
     def spec(self) -> FilterSpec: ...
 
@@ -220,7 +227,7 @@ ROLE_METHODS: dict[str, tuple[str, ...]] = {
 }
 
 
-def check_roles(f: Any, spec: FilterSpec) -> None:
+def check_roles(f: object, spec: FilterSpec) -> None:
     """Raises TypeError, naming the filter and the method, when ``f`` lacks a method of a role
     its ``spec`` declares."""
     roles = [role for role, declared in (
@@ -233,3 +240,23 @@ def check_roles(f: Any, spec: FilterSpec) -> None:
         for method in ROLE_METHODS[role]:
             if not callable(getattr(f, method, None)):
                 raise TypeError(f"{type(f).__name__} declares the {role} role but has no {method}()")
+
+
+def checked_spec(f: object) -> FilterSpec:
+    """``f``'s spec, once ``f`` is found to be a filter: its ``spec`` is a FilterSpec and it has
+    the methods of every role that spec declares. Raises TypeError saying what is wrong."""
+    spec = getattr(f, "spec", None)
+    if not isinstance(spec, FilterSpec):
+        raise TypeError(f"{type(f).__name__} has no FilterSpec (its spec attribute is {type(spec).__name__})")
+    check_roles(f, spec)
+    return spec
+
+
+def is_request_filter(f: Filter) -> TypeGuard[RequestFilter]:
+    """Whether ``f`` can have the request role (an ``on_request`` method)."""
+    return callable(getattr(f, "on_request", None))
+
+
+def is_response_filter(f: Filter) -> TypeGuard[ResponseFilter]:
+    """Whether ``f`` can have the response role (an ``on_response`` method)."""
+    return callable(getattr(f, "on_response", None))

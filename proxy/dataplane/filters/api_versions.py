@@ -4,15 +4,20 @@ the APIs it hides."""
 from __future__ import annotations
 
 from struct import Struct
+from typing import Any
 
 from protocol import rewrite
 from protocol.apis import API_FAMILIES, SPECS, ApiKey, api_name
-from protocol.headers import encode_response_header
+from protocol.headers import RequestHeader, encode_response_header
 from protocol.messages import decode_response, encode_body
-from proxy.dataplane.filters.api import Answer, Close, FilterSpec
+from proxy.dataplane.filters.api import Answer, Close, FilterContext, FilterSpec, Frame
 from proxy.dataplane.filters.leaders import uplifted_caps
+from proxy.dataplane.inflight import InFlight
 
 _INT32 = Struct(">i")
+# A rewrite made of a broker's ApiVersions body: (broker body, body to send, uplift, the size
+# prefix of the frame to send).
+_Rewrite = tuple[bytes, bytes, dict[int, int], bytes]
 
 # APIs whose responses the proxy decodes: clients must not use a version it cannot parse.
 _DECODED = (
@@ -67,13 +72,14 @@ class ApiVersionsFilter:
         # once (with the versions this connection's requests must go up as, see UpliftFilter).
         # Keyed by version and body length, so a response is matched by comparing its bytes in
         # place: (broker body, rewritten body, uplift, the rewritten frame's size prefix).
-        self._rewritten: dict[tuple[int, int], list[tuple[bytes, bytes, dict[int, int], bytes]]] = {}
+        self._rewritten: dict[tuple[int, int], list[_Rewrite]] = {}
         self._rewrites = 0
         # The rewrite the last chunk matched, tried first (one broker and one client library
         # ask the same way every time): (version, chunk length, that rewrite).
-        self._last: tuple[int, int, tuple[bytes, bytes, dict[int, int], bytes]] | None = None
+        self._last: tuple[int, int, _Rewrite] | None = None
 
-    def on_request(self, ctx, header, frame, entry):
+    def on_request(self, ctx: FilterContext, header: RequestHeader, frame: Frame,
+                   entry: InFlight) -> Answer | Close | None:
         if header.api_key in self.hidden:
             # Kafka's SocketServer (Processor.parseRequestHeader) closes a connection that sends
             # an API not enabled on its listener; the broker behind would answer it unrewritten.
@@ -86,14 +92,14 @@ class ApiVersionsFilter:
             return Answer(encode_response_header(header.correlation_id, False) + body)
         return None
 
-    def on_response(self, ctx, entry, frame):
+    def on_response(self, ctx: FilterContext, entry: InFlight, frame: Frame) -> bytes:
         # The ApiVersions response header is always v0 (KIP-511): the body starts at byte 4.
         data = bytes(frame)
         done = self._find(entry.api_version, data, 4) or self._rewrite(entry, data[4:])
         ctx.set_uplift(done[2])
         return data if done[1] is done[0] else data[:4] + done[1]
 
-    def on_response_chunk(self, ctx, entry, chunk):
+    def on_response_chunk(self, ctx: FilterContext, entry: InFlight, chunk: bytes) -> bytes | None:
         # Every response after a connection's first: a rewrite already made, without a copy.
         # This runs before the response is written, so the common case is kept short.
         last = self._last
@@ -101,9 +107,10 @@ class ApiVersionsFilter:
                 and chunk[8:] == last[2][0]):  # a slice and ==: startswith parses its arguments
             done = last[2]
         else:
-            done = self._find(entry.api_version, chunk, 8)
-            if done is None:
+            found = self._find(entry.api_version, chunk, 8)
+            if found is None:
                 return None
+            done = found
             self._last = (entry.api_version, len(chunk), done)
         if ctx.uplift is not done[2]:
             ctx.set_uplift(done[2])
@@ -111,14 +118,14 @@ class ApiVersionsFilter:
             return chunk  # nothing to change: the broker's very bytes
         return b"".join((done[3], chunk[4:8], done[1]))
 
-    def _find(self, version: int, data: bytes, offset: int) -> tuple[bytes, bytes, dict[int, int], bytes] | None:
+    def _find(self, version: int, data: bytes, offset: int) -> _Rewrite | None:
         """The rewrite already made of the broker body at ``data[offset:]`` (compared in place)."""
         for done in self._rewritten.get((version, len(data) - offset), ()):
             if data.startswith(done[0], offset):
                 return done
         return None
 
-    def _rewrite(self, entry, broker_body: bytes) -> tuple[bytes, bytes, dict[int, int], bytes]:
+    def _rewrite(self, entry: InFlight, broker_body: bytes) -> _Rewrite:
         """(broker body, body to send, uplift, the size prefix of the frame to send). The body
         to send *is* the broker body when the rewrite gives the same bytes."""
         resp = decode_response(entry.api_key, entry.api_version, broker_body)
@@ -131,7 +138,7 @@ class ApiVersionsFilter:
             self._rewrites += 1
         return done
 
-    def _capped(self, resp) -> tuple[bytes, dict[int, int]]:
+    def _capped(self, resp: Any) -> tuple[bytes, dict[int, int]]:
         broker_max = {e.api_key: e.max_version for e in resp.api_keys}
         rewrite.cap_api_versions(resp, self.caps, API_FAMILIES)
         rewrite.offer_api_versions(resp, self.offered)

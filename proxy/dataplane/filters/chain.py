@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from protocol.apis import SPECS
-from proxy.dataplane.filters.api import FilterSpec, RequestFilter, ResponseFilter, check_roles
+from proxy.dataplane.filters.api import FilterSpec, RequestFilter, ResponseFilter, checked_spec
 from proxy.dataplane.routes import UNROUTED, fast_route
 
 _NEVER = UNROUTED[0]
@@ -50,12 +50,12 @@ class FilterChain:
     def refresh(self) -> None:
         """Rebuilds the per-API entries from the filters' specs now (which ones are idle, which
         APIs they see). Raises TypeError if a filter lacks a method of a role it declares."""
-        request_specs = [(f, _spec(f)) for f in self._request_filters]
+        request_specs = [(f, checked_spec(f)) for f in self._request_filters]
         self.request, self.request_all = _requests(request_specs, uplift=True)
         self.request_without_uplift, _ = _requests(request_specs, uplift=False)
         response: dict[int, list[tuple[int, ResponseFilter, FilterSpec]]] = {}
         for f in self._response_filters:
-            spec = _spec(f)
+            spec = checked_spec(f)
             if spec.idle:
                 continue
             for key in spec.response_keys:
@@ -66,14 +66,6 @@ class FilterChain:
                                                     [s.stream for _, _, s in fs]))
             for key, fs in response.items()
         }
-
-
-def _spec(f: Any) -> FilterSpec:
-    spec = getattr(f, "spec", None)
-    if not isinstance(spec, FilterSpec):
-        raise TypeError(f"{type(f).__name__} has no FilterSpec (its spec attribute is {type(spec).__name__})")
-    check_roles(f, spec)
-    return spec
 
 
 def _requests(filters: Sequence[tuple[RequestFilter, FilterSpec]],

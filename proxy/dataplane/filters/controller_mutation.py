@@ -27,37 +27,44 @@ carries the throttle and the client is muted (Kafka's PermissiveControllerMutati
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
+import uuid
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from protocol import errors
 from protocol.apis import SPECS, STRICT_SINCE, ApiKey
-from protocol.headers import encode_response_header, response_body_offset
+from protocol.headers import RequestHeader, encode_response_header, response_body_offset
 from protocol.messages import decode_request, decode_response, encode_body
 from proxy.cluster.refresh import fetch_num_partitions, fetch_topics
+from proxy.cluster.topics import TopicCache
 from proxy.dataplane.filters import mutation_checks as checks
-from proxy.dataplane.filters.api import Answer, Defer, FilterSpec, Forward
+from proxy.dataplane.filters.api import Answer, Defer, FilterContext, FilterSpec, Forward, Frame
 from proxy.dataplane.filters.quotas import now_ms
-from proxy.dataplane.filters.shadow import shadow_rejected, shadow_throttled
+from proxy.dataplane.filters.shadow import applied, enforced, note_shadow
+from proxy.dataplane.inflight import InFlight, NoteKey
 from quotas import CONTROLLER_MUTATION_RATE, QuotaManager
 
 log = logging.getLogger(__name__)
 
-VALIDATE_ONLY = object()
 THROTTLED_MESSAGE = "The throttling quota has been exceeded."  # Kafka's Errors default message
-_RESULTS = {ApiKey.CREATE_TOPICS: "topics", ApiKey.CREATE_PARTITIONS: "results", ApiKey.DELETE_TOPICS: "responses"}
+_RESULTS: dict[int, str] = {ApiKey.CREATE_TOPICS: "topics", ApiKey.CREATE_PARTITIONS: "results",
+                            ApiKey.DELETE_TOPICS: "responses"}
 
 
 @dataclass
 class _Topic:
-    item: object  # the request's entry for this topic
+    item: Any  # the request's entry for this topic (a DeleteTopics v0-v5 name)
     name: str | None
-    topic_id: object | None
+    topic_id: uuid.UUID | None
     mutations: int | None = None  # partitions it creates or deletes; None: not known yet
     refusal: checks.Refusal | None = None  # Kafka refuses it before charging (as far as the proxy knows)
-    charged: int = 0  # what this request charged for it
+    # What this request charged for it: 0 too for a topic a quota in shadow mode would have
+    # refused (enforcing it would have charged nothing), which is settled as any uncharged one.
+    charged: int = 0
     answer: checks.Refusal | None = None  # answered by the proxy: 89, or Kafka's refusal while in debt
-    shadow_refused: bool = False  # a quota in shadow mode would have refused it
 
 
 @dataclass
@@ -69,7 +76,7 @@ class _Charges:
     limited: bool
     topics: list[_Topic]
     by_name: dict[str, _Topic] = field(default_factory=dict)
-    by_id: dict[object, _Topic] = field(default_factory=dict)
+    by_id: dict[uuid.UUID, _Topic] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for t in self.topics:
@@ -79,13 +86,22 @@ class _Charges:
                 self.by_id.setdefault(t.topic_id, t)
 
 
+class _Validation(enum.Enum):
+    ONLY = "validate_only"  # a ValidateOnly request: its response must not teach the topic cache anything
+
+
+VALIDATE_ONLY = _Validation.ONLY
+# What a request noted for its response: its charges, settled against the broker's answer.
+_NOTE: NoteKey[_Charges | _Validation] = NoteKey("controller_mutation")
+
+
 class ControllerMutationFilter:
     spec = FilterSpec(request_keys=frozenset(STRICT_SINCE), response_keys=frozenset(STRICT_SINCE))
 
-    def __init__(self, manager: QuotaManager, topics, fallback_num_partitions: int, timeout_s: float,
+    def __init__(self, manager: QuotaManager, topics: TopicCache, fallback_num_partitions: int, timeout_s: float,
                  count_all: bool = False) -> None:
         self.manager = manager
-        self.topics = topics  # proxy.cluster.topics.TopicCache
+        self.topics = topics
         self.fallback_num_partitions = fallback_num_partitions
         self.timeout_s = timeout_s
         # The usage log counts partition mutations whether or not a quota applies.
@@ -93,12 +109,13 @@ class ControllerMutationFilter:
 
     # -- request side -----------------------------------------------------------------------
 
-    def on_request(self, ctx, header, frame, entry):
+    def on_request(self, ctx: FilterContext, header: RequestHeader, frame: Frame,
+                   entry: InFlight) -> Answer | Forward | Defer | None:
         if header.body_offset < 0:
             return None
         req = decode_request(header.api_key, header.api_version, memoryview(frame)[header.body_offset :])
         if getattr(req, "validate_only", False):
-            entry.note = VALIDATE_ONLY  # its response must not teach the topic cache anything
+            _NOTE.set(entry, VALIDATE_ONLY)
             return None  # KIP-599: validation is not a mutation
         user, client_id = ctx.session.principal, header.client_id or ""
         limited = self.manager.resolve(user, client_id, CONTROLLER_MUTATION_RATE) is not None
@@ -109,10 +126,10 @@ class ControllerMutationFilter:
             return Defer(self._after_lookup(ctx, header, frame, req, entry, limited, refresh=False))
         return self._decide(ctx, header, frame, req, entry, topics, limited, looked_up=False)
 
-    def _topics(self, key: int, version: int, req, brokers) -> list[_Topic]:
+    def _topics(self, key: int, version: int, req: Any, brokers: Collection[int]) -> list[_Topic]:
         """The request's topics as the proxy knows them now: what each would cost, and what
         Kafka would refuse before charging."""
-        out = []
+        out: list[_Topic] = []
         if key == ApiKey.CREATE_TOPICS:
             twice = checks.duplicates([t.name for t in req.topics])
             for t in req.topics:
@@ -143,14 +160,16 @@ class ControllerMutationFilter:
                 out.append(self._delete_topic(name, name, None, twice))
         return out
 
-    def _delete_topic(self, item, name, topic_id, twice) -> _Topic:
+    def _delete_topic(self, item: Any, name: str | None, topic_id: uuid.UUID | None,
+                      twice: Collection[str | uuid.UUID]) -> _Topic:
         count = self.topics.count(name, topic_id)
         topic = _Topic(item, name, topic_id, count)
         if (name or topic_id) in twice:
             topic.refusal = checks.delete_topic_refusal(not name, True, duplicate=True)
         return topic
 
-    async def _after_lookup(self, ctx, header, frame, req, entry, limited: bool, refresh: bool):
+    async def _after_lookup(self, ctx: FilterContext, header: RequestHeader, frame: Frame, req: Any, entry: InFlight,
+                            limited: bool, refresh: bool) -> Answer | Forward | Defer | None:
         """Learns what the decision needs from the broker, then decides: the partition counts
         and the broker's ``num.partitions`` not known yet, or (``refresh``) the metadata of
         every topic of the request afresh, before any is refused."""
@@ -194,10 +213,11 @@ class ControllerMutationFilter:
                                  else checks.delete_topic_refusal(not t.name, False, duplicate=False))
         return self._decide(ctx, header, frame, req, entry, refreshed, limited, looked_up=True)
 
-    def _decide(self, ctx, header, frame, req, entry, topics: list[_Topic], limited: bool, looked_up: bool):
+    def _decide(self, ctx: FilterContext, header: RequestHeader, frame: Frame, req: Any, entry: InFlight,
+                topics: list[_Topic], limited: bool, looked_up: bool) -> Answer | Forward | Defer | None:
         entry.mutations = sum(t.mutations or 0 for t in topics if t.refusal is None)
         user, client_id = ctx.session.principal, header.client_id or ""
-        entry.note = _Charges(user, client_id, limited, topics)
+        _NOTE.set(entry, _Charges(user, client_id, limited, topics))
         if not limited:
             return None
         now = now_ms()
@@ -207,16 +227,17 @@ class ControllerMutationFilter:
             return Defer(self._after_lookup(ctx, header, frame, req, entry, limited, refresh=True))
         if not strict:
             return self._permissive(ctx, entry, topics, user, client_id, now)
-        admitted, throttle = [], 0
-        shadow_refused, shadow_throttle = 0, 0
-        enforced = not self.manager.resolve(user, client_id, CONTROLLER_MUTATION_RATE).shadow
-        in_debt: dict[object, bool] = {}  # a duplicate shares its first entry's fate
+        admitted: list[_Topic] = []
+        throttle = 0
+        shadow_refused: list[int] = []  # the throttles a quota in shadow mode would have refused topics with
+        enforcing = enforced(self.manager.resolve(user, client_id, CONTROLLER_MUTATION_RATE)) is not None
+        in_debt: dict[str | uuid.UUID | None, bool] = {}  # a duplicate shares its first entry's fate
         for t in topics:
             if t.refusal is not None:
                 key = t.name or t.topic_id
                 if key not in in_debt:
-                    in_debt[key] = enforced and (self.manager.tokens(user, client_id, CONTROLLER_MUTATION_RATE,
-                                                                     now) or 0.0) < 0
+                    in_debt[key] = enforcing and (self.manager.tokens(user, client_id, CONTROLLER_MUTATION_RATE,
+                                                                      now) or 0.0) < 0
                 if in_debt[key]:
                     t.answer = t.refusal  # Kafka's own answer, never forwarded: see the module docstring
                 else:
@@ -229,17 +250,15 @@ class ControllerMutationFilter:
             if decision.admitted:
                 t.charged = t.mutations
                 admitted.append(t)
-            elif decision.shadow:
-                t.shadow_refused = True
+            elif decision.shadow:  # forwarded uncharged; noted below, once for the request
                 admitted.append(t)
-                shadow_refused += 1
-                shadow_throttle = max(shadow_throttle, decision.throttle_ms)
+                shadow_refused.append(decision.throttle_ms)
             else:
                 t.answer = checks.Refusal(errors.THROTTLING_QUOTA_EXCEEDED, THROTTLED_MESSAGE)
                 throttle = max(throttle, decision.throttle_ms)
         if shadow_refused:
-            shadow_rejected(ctx, entry, CONTROLLER_MUTATION_RATE, shadow_throttle,
-                            f"{shadow_refused} of {len(topics)} topics")
+            note_shadow(ctx, entry, CONTROLLER_MUTATION_RATE, max(shadow_refused),
+                        f"{len(shadow_refused)} of {len(topics)} topics")
         if len(admitted) == len(topics):
             return None  # StrictControllerMutationQuota: no rejection, no throttle
         entry.rejected = any(t.answer is not None and t.answer.error_code == errors.THROTTLING_QUOTA_EXCEEDED
@@ -252,21 +271,18 @@ class ControllerMutationFilter:
         return Forward(bytes(frame[: header.body_offset]) + encode_body(req), throttle_ms=throttle,
                        on_response=lambda response_frame: self._merge(entry, response_frame, topics, throttle))
 
-    def _permissive(self, ctx, entry, topics: list[_Topic], user: str, client_id: str, now: int):
+    def _permissive(self, ctx: FilterContext, entry: InFlight, topics: list[_Topic], user: str, client_id: str,
+                    now: int) -> Forward | None:
         """PermissiveControllerMutationQuota: every topic forwarded, the ones Kafka would create
         charged together, throttled while in debt."""
         if not entry.mutations:
             return None
-        decision = self.manager.record(user, client_id, CONTROLLER_MUTATION_RATE, entry.mutations, now)
+        decided = self.manager.record(user, client_id, CONTROLLER_MUTATION_RATE, entry.mutations, now)
         for t in topics:
             if t.refusal is None:
                 t.charged = t.mutations or 0
-        if decision.throttle_ms:
-            if decision.shadow:
-                shadow_throttled(ctx, entry, CONTROLLER_MUTATION_RATE, decision.throttle_ms)
-                return None
-            return Forward(throttle_ms=decision.throttle_ms)
-        return None
+        throttle = applied(ctx, entry, CONTROLLER_MUTATION_RATE, decided).throttle_ms
+        return Forward(throttle_ms=throttle) if throttle else None
 
     def _would_refuse(self, user: str, client_id: str, topics: list[_Topic], now: int, strict: bool) -> bool:
         """Whether a decision on what the proxy knows now would answer any topic itself (89, or
@@ -285,8 +301,9 @@ class ControllerMutationFilter:
 
     # -- response side: settle the charges, keep the partition counts current ----------------
 
-    def on_response(self, ctx, entry, frame):
-        if entry.note is VALIDATE_ONLY:
+    def on_response(self, ctx: FilterContext, entry: InFlight, frame: Frame) -> Frame:
+        note = _NOTE.get(entry)
+        if note is VALIDATE_ONLY:
             return frame
         offset = response_body_offset(frame, entry.api_key, entry.api_version)
         resp = decode_response(entry.api_key, entry.api_version, memoryview(frame)[offset:])
@@ -303,18 +320,18 @@ class ControllerMutationFilter:
             for t in results:
                 if t.error_code == 0 and t.name:
                     self.topics.forget(t.name)
-        if isinstance(entry.note, _Charges):
-            self._settle(entry, entry.note, results)
+        if note is not None:
+            self._settle(entry, note, results)
         return frame
 
-    def _settle(self, entry, charges: _Charges, results) -> None:
+    def _settle(self, entry: InFlight, charges: _Charges, results: Sequence[Any]) -> None:
         """What the broker did, charged; what it refused, given back (only the topics it was sent)."""
         now = None
         for r in results:
             t = charges.by_name.get(r.name) if r.name else None
             if t is None and getattr(r, "topic_id", None) is not None:
                 t = charges.by_id.get(r.topic_id)
-            if t is None or t.answer is not None or t.shadow_refused:
+            if t is None or t.answer is not None:
                 continue
             done = checks.charged(entry.api_key, r.error_code)
             if t.charged and not done:
@@ -337,31 +354,33 @@ class ControllerMutationFilter:
     # -- rewriting --------------------------------------------------------------------------
 
     @staticmethod
-    def _keep_only(key: int, version: int, req, admitted: list[_Topic]) -> None:
+    def _keep_only(key: int, version: int, req: Any, admitted: list[_Topic]) -> None:
         items = [t.item for t in admitted]
         if key == ApiKey.DELETE_TOPICS and version < 6:
             req.topic_names = items
         else:
             req.topics = items
 
-    def _merge(self, entry, frame, topics: list[_Topic], throttle: int):
+    def _merge(self, entry: InFlight, frame: Frame, topics: list[_Topic], throttle: int) -> bytes:
         offset = response_body_offset(frame, entry.api_key, entry.api_version)
         resp = decode_response(entry.api_key, entry.api_version, memoryview(frame)[offset:])
         merged = self._response(entry.api_key, entry.api_version, topics, resp, throttle)
         return bytes(frame[:offset]) + encode_body(merged)
 
-    def _response(self, key: int, version: int, topics: list[_Topic], upstream, throttle: int):
+    def _response(self, key: int, version: int, topics: list[_Topic], upstream: Any, throttle: int) -> Any:
         """The response in the request's topic order: the broker's result for forwarded topics,
         the proxy's answer (THROTTLING_QUOTA_EXCEEDED, or Kafka's refusal) for the others."""
         cls = SPECS[key].response[version]
         results_attr = _RESULTS[key]
-        by_name, by_id = {}, {}
+        by_name: dict[str, Any] = {}
+        by_id: dict[uuid.UUID, Any] = {}
         for r in getattr(upstream, results_attr, None) or ():
             if r.name:
                 by_name[r.name] = r
             if getattr(r, "topic_id", None) is not None:
                 by_id[r.topic_id] = r
-        results, seen = [], set()
+        results: list[Any] = []
+        seen: set[str | uuid.UUID | None] = set()
         for t in topics:
             if (t.name or t.topic_id) in seen:
                 continue  # ControllerApis answers a duplicate once (INVALID_REQUEST)
@@ -378,7 +397,7 @@ class ControllerMutationFilter:
         return resp
 
     @staticmethod
-    def _answered(key: int, version: int, t: _Topic):
+    def _answered(key: int, version: int, t: _Topic) -> Any:
         code, message = t.answer or (errors.THROTTLING_QUOTA_EXCEEDED, THROTTLED_MESSAGE)
         cls = SPECS[key].response[version]
         if key == ApiKey.CREATE_TOPICS:

@@ -18,29 +18,39 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
+from collections.abc import Callable
+from typing import Any
 
 from protocol import errors
 from protocol.apis import SPECS, ApiKey, api_name
-from protocol.headers import response_body_offset
+from protocol.frames import Buffer
+from protocol.headers import RequestHeader, response_body_offset
 from protocol.messages import decode_response, encode_body
-from protocol.scan import scan_fetch_response, scan_produce_response
+from protocol.scan import FetchHead, ResponseScan, scan_fetch_response, scan_produce_response
 from protocol.share_scan import scan_share_acknowledge, scan_share_fetch
 from proxy.cluster.leaders import ExpeditedRefresher, LeaderCache
-from proxy.dataplane.filters.api import FilterSpec, Forward, Hold
+from proxy.dataplane.filters.api import FilterContext, FilterSpec, Forward, Frame, Hold
+from proxy.dataplane.inflight import InFlight
 
 # First versions whose responses carry KIP-951's CurrentLeader + NodeEndpoints (KIP-932's
 # share responses carry them from v0).
-HINTS_SINCE = {ApiKey.PRODUCE: 10, ApiKey.FETCH: 16, ApiKey.SHARE_FETCH: 0, ApiKey.SHARE_ACKNOWLEDGE: 0}
+HINTS_SINCE: dict[int, int] = {ApiKey.PRODUCE: 10, ApiKey.FETCH: 16, ApiKey.SHARE_FETCH: 0,
+                               ApiKey.SHARE_ACKNOWLEDGE: 0}
 # Uplift is exact only from the version just below: the request bodies are the same.
-UPLIFT_FROM = {ApiKey.PRODUCE: 9, ApiKey.FETCH: 15}
-_SCANNERS = {ApiKey.PRODUCE: scan_produce_response, ApiKey.FETCH: scan_fetch_response,
-             ApiKey.SHARE_FETCH: lambda body, version: scan_share_fetch(body, version).scan,
-             ApiKey.SHARE_ACKNOWLEDGE: scan_share_acknowledge}
+UPLIFT_FROM: dict[int, int] = {ApiKey.PRODUCE: 9, ApiKey.FETCH: 15}
+_SCANNERS: dict[int, Callable[[Buffer, int], ResponseScan]] = {
+    ApiKey.PRODUCE: scan_produce_response, ApiKey.FETCH: scan_fetch_response,
+    ApiKey.SHARE_FETCH: lambda body, version: scan_share_fetch(body, version).scan,
+    ApiKey.SHARE_ACKNOWLEDGE: scan_share_acknowledge,
+}
 _SHARE = (ApiKey.SHARE_FETCH, ApiKey.SHARE_ACKNOWLEDGE)
 # The topic classes of each response, whose PartitionData holds CurrentLeader.
-_TOPIC_CLASS = {ApiKey.SHARE_FETCH: "ShareFetchableTopicResponse", ApiKey.SHARE_ACKNOWLEDGE:
+_TOPIC_CLASS: dict[int, str] = {ApiKey.SHARE_FETCH: "ShareFetchableTopicResponse", ApiKey.SHARE_ACKNOWLEDGE:
                 "ShareAcknowledgeTopicResponse", ApiKey.FETCH: "FetchableTopicResponse"}
 _MOVED = frozenset({errors.NOT_LEADER_OR_FOLLOWER, errors.FENCED_LEADER_EPOCH})
+# A failed partition without a hint: (topic name or None, topic id, index, the decoded partition).
+_Missing = tuple[str | None, uuid.UUID | None, int, Any]
 
 
 class LeaderHintFilter:
@@ -53,7 +63,7 @@ class LeaderHintFilter:
         self.fill = fill
         self.wait_s = wait_s  # how long a response without a hint may wait for the refresh
 
-    def on_response(self, ctx, entry, frame):
+    def on_response(self, ctx: FilterContext, entry: InFlight, frame: Frame) -> Frame | Hold:
         key, version = entry.api_key, entry.api_version
         if version < HINTS_SINCE[key]:
             return frame
@@ -73,16 +83,16 @@ class LeaderHintFilter:
         ctx.stats.leader_hints["none"] += len(missing)
         return bytes(frame[:offset]) + encode_body(resp) if filled else frame
 
-    def on_stream_head(self, ctx, entry, head) -> bool:
+    def on_stream_head(self, ctx: FilterContext, entry: InFlight, head: FetchHead) -> bool:
         # KIP-951: brokers set CurrentLeader and NodeEndpoints only for partitions that failed
         # with NOT_LEADER_OR_FOLLOWER or FENCED_LEADER_EPOCH; without one there is nothing to
         # learn or fill, so the response may stream (see proxy.dataplane.routes.StreamRoute).
         return _MOVED.isdisjoint(head.error_codes)
 
-    def on_stream_tail(self, ctx, entry, node_endpoints: int) -> bool:
+    def on_stream_tail(self, ctx: FilterContext, entry: InFlight, node_endpoints: int) -> bool:
         return True  # nothing moved (the head said so): nothing to learn or fill
 
-    def _refresh(self, missing):
+    def _refresh(self, missing: list[_Missing]) -> asyncio.Future[None] | None:
         """Asks for the metadata of the topics of ``missing`` (by id when known only by id);
         the future of that refresh, or None when there is nothing to ask for."""
         topics = {name for name, _, _, _ in missing if name is not None}
@@ -91,35 +101,39 @@ class LeaderHintFilter:
             return None
         return self.refresher.request(topics, ids)
 
-    async def _after_refresh(self, ctx, key, version, resp, head: bytes, original: bytes, missing,
-                             filled_before: bool, refreshed):
+    async def _after_refresh(self, ctx: FilterContext, key: int, version: int, resp: Any, head: bytes,
+                             original: bytes, missing: list[_Missing], filled_before: bool,
+                             refreshed: asyncio.Future[None]) -> bytes:
         """The response once the cache can name the leaders: tried again after every refresh
         round that ends (the one already running may bring them); a round of its own that
         still left it without a leader (a broker that has not heard yet) is followed by
         another, from the next broker, until ``wait_s`` has passed."""
+        refresher = self.refresher
+        assert refresher is not None  # refreshed is one of its refreshes
         deadline = time.monotonic() + self.wait_s
         filled = filled_before
         while missing:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            any_round = self.refresher.round_end()
+            any_round = refresher.round_end()
             await asyncio.wait({refreshed, any_round}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
             still = self._fill_all(ctx, key, version, resp, missing)
             filled = filled or len(still) < len(missing)
             missing = still
             if missing and refreshed.done():
-                refreshed = self._refresh(missing)
-                if refreshed is None:
+                again = self._refresh(missing)
+                if again is None:
                     break
+                refreshed = again
         ctx.stats.leader_hints["none"] += len(missing)
         return head + encode_body(resp) if filled else original
 
-    def _learn(self, ctx, key: int, version: int, resp) -> list:
+    def _learn(self, ctx: FilterContext, key: int, version: int, resp: Any) -> list[_Missing]:
         """Learns the broker's hints; returns (topic name or None, topic id, index, partition)
         of the partitions without one."""
         cache, stats, now_s = self.cache, ctx.stats, time.monotonic()
-        missing = []
+        missing: list[_Missing] = []
         for topic in resp.responses:
             # Produce and Fetch name their topics before v13; share responses never do.
             name = topic.name if version < 13 and key not in _SHARE else cache.name_of(topic.topic_id)
@@ -137,11 +151,12 @@ class LeaderHintFilter:
                     missing.append((name, getattr(topic, "topic_id", None), index, p))
         return missing
 
-    def _fill_all(self, ctx, key: int, version: int, resp, missing: list) -> list:
+    def _fill_all(self, ctx: FilterContext, key: int, version: int, resp: Any,
+                  missing: list[_Missing]) -> list[_Missing]:
         """Fills what the cache can; returns the partitions still without a hint."""
         return [m for m in missing if not self._fill(ctx, key, version, resp, m)]
 
-    def _fill(self, ctx, key: int, version: int, resp, missing) -> bool:
+    def _fill(self, ctx: FilterContext, key: int, version: int, resp: Any, missing: _Missing) -> bool:
         """Fills one partition's hint from the cache if the proxy is sure of it."""
         name, topic_id, index, p = missing
         if name is None:  # known by id only: the refresh may have taught the cache its name
@@ -173,7 +188,7 @@ class UpliftFilter:
     spec = FilterSpec(request_keys=frozenset(UPLIFT_FROM), needs_uplift=True,
                       request_since={key: lower + 1 for key, lower in UPLIFT_FROM.items()})
 
-    def on_request(self, ctx, header, frame, entry):
+    def on_request(self, ctx: FilterContext, header: RequestHeader, frame: Frame, entry: InFlight) -> Forward | None:
         lower = ctx.uplift.get(header.api_key) if ctx.uplift else None
         if lower is None or header.api_version <= lower:
             return None

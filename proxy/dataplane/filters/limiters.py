@@ -5,13 +5,15 @@ throttle_time_ms and a mute, once, alongside the other quotas (KIP-219)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from protocol.apis import ApiKey
-from proxy.dataplane.filters.api import FilterSpec, Forward
+from protocol.headers import RequestHeader
+from proxy.dataplane.filters.api import FilterContext, FilterSpec, Forward, Frame, ResponseDecision
 from proxy.dataplane.filters.quotas import now_ms
 from proxy.dataplane.filters.records import count_fetched, produce_scan
-from proxy.dataplane.filters.shadow import shadow_throttled
+from proxy.dataplane.filters.shadow import note_shadow
+from proxy.dataplane.inflight import InFlight
 from quotas.limiters import RateLimiter, Usage
 
 log = logging.getLogger(__name__)
@@ -21,7 +23,7 @@ class RateLimiterFilter:
     """Shown the requests (and Fetch responses) some limiter asked for; its spec follows the
     limiters as (re)configured."""
 
-    def __init__(self, limiters: Sequence[RateLimiter], clock=now_ms) -> None:
+    def __init__(self, limiters: Sequence[RateLimiter], clock: Callable[[], int] = now_ms) -> None:
         self.clock = clock
         self.failures: dict[str, int] = {}  # limiter class → calls that raised
         self.set_limiters(limiters)
@@ -42,7 +44,7 @@ class RateLimiterFilter:
             idle=not (self._all_apis or self._by_key or self._on_fetch),  # no limiter wants to see anything
         )
 
-    def on_request(self, ctx, header, frame, entry):
+    def on_request(self, ctx: FilterContext, header: RequestHeader, frame: Frame, entry: InFlight) -> Forward | None:
         key = header.api_key
         limiters = self._by_key.get(key, self._all_apis)
         if not limiters:
@@ -57,20 +59,20 @@ class RateLimiterFilter:
         throttle = self._throttle(ctx, entry, limiters, usage)
         return Forward(throttle_ms=throttle) if throttle else None
 
-    def on_response(self, ctx, entry, frame):
+    def on_response(self, ctx: FilterContext, entry: InFlight, frame: Frame) -> ResponseDecision:
         limiters = self._on_fetch
         if not limiters:
             return frame
         if not count_fetched(ctx, entry, frame):
             return frame
         usage = Usage(ctx.session.principal, ctx.session.client_id or "", entry.api_key, entry.api_version,
-                      len(frame), entry.batches, entry.records, response=True)
+                      len(frame), entry.batches, entry.records or 0, response=True)
         # KIP-731: the records are delivered and the client then pauses just long enough to
         # bring its rate back to the bound (not emptied and re-fetched like a byte quota).
         throttle = self._throttle(ctx, entry, limiters, usage)
         return Forward(frame, throttle_ms=throttle) if throttle else frame
 
-    def _throttle(self, ctx, entry, limiters, usage: Usage) -> int:
+    def _throttle(self, ctx: FilterContext, entry: InFlight, limiters: Sequence[RateLimiter], usage: Usage) -> int:
         now = self.clock()
         throttle = 0
         for lim in limiters:
@@ -78,9 +80,7 @@ class RateLimiterFilter:
                 lim.accumulate(usage, now)
                 t = lim.throttle_ms(usage, now)
                 if not t:  # a limiter's quota is enforced or shadowed, never both for one usage
-                    shadow_t = lim.shadow_throttle_ms(usage, now)
-                    if shadow_t > 0:
-                        shadow_throttled(ctx, entry, type(lim).__qualname__, int(shadow_t))
+                    note_shadow(ctx, entry, type(lim).__qualname__, int(lim.shadow_throttle_ms(usage, now)))
             except Exception:
                 # A plug-in's failure must not cost the client its connection: it is counted,
                 # logged the first time, and that limiter asks for no throttle this time.

@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Sequence
 
 from protocol import errors
 from protocol.apis import ApiKey
+from protocol.headers import RequestHeader
 from protocol.produce import produce_error_response
-from proxy.dataplane.filters.api import Answer, Close, Defer, FilterSpec
+from proxy.dataplane.filters.api import Answer, Close, Defer, FilterContext, FilterSpec, Frame
 from proxy.dataplane.filters.quotas import now_ms
 from proxy.dataplane.filters.records import produce_scan
-from proxy.dataplane.filters.shadow import shadow_rejected
+from proxy.dataplane.filters.shadow import applied
+from proxy.dataplane.inflight import InFlight
+from quotas.common import PRODUCER_IDS_RATE
 from quotas.producer_ids import ProducerIdQuotaManager
 
 log = logging.getLogger(__name__)
@@ -23,7 +27,8 @@ REJECTED_MESSAGE = "producer_ids_rate exceeded: too many new producer ids for th
 
 class ProducerIdQuotaFilter:
 
-    def __init__(self, manager: ProducerIdQuotaManager, reaction: str = "reject", clock=now_ms) -> None:
+    def __init__(self, manager: ProducerIdQuotaManager, reaction: str = "reject",
+                 clock: Callable[[], int] = now_ms) -> None:
         if reaction not in ("reject", "delay"):
             raise ValueError(f"reaction must be reject or delay, got {reaction!r}")
         self.manager = manager
@@ -36,7 +41,8 @@ class ProducerIdQuotaFilter:
         """Produce requests; idle without a producer_ids_rate quota."""
         return FilterSpec(request_keys=frozenset({ApiKey.PRODUCE}), idle=not self.manager.active)
 
-    def on_request(self, ctx, header, frame, entry):
+    def on_request(self, ctx: FilterContext, header: RequestHeader, frame: Frame,
+                   entry: InFlight) -> Answer | Close | Defer | None:
         manager = self.manager
         if not manager.active:
             return None
@@ -45,12 +51,10 @@ class ProducerIdQuotaFilter:
             return None
         user = ctx.session.principal
         delay = self.reaction == "delay"
-        decision = manager.admit(user, scan.producer_ids, self.clock(), rejecting=not delay)
+        decided = manager.admit(user, scan.producer_ids, self.clock(), rejecting=not delay)
+        decision = applied(ctx, entry, PRODUCER_IDS_RATE, decided,
+                           "a Produce delayed for new producer ids" if delay else "a Produce with new producer ids")
         if decision.admitted:
-            return None
-        if decision.shadow:
-            shadow_rejected(ctx, entry, "producer_ids_rate", decision.throttle_ms,
-                            "a Produce delayed for new producer ids" if delay else "a Produce with new producer ids")
             return None
         if delay:
             self.delayed_total += 1
@@ -66,7 +70,7 @@ class ProducerIdQuotaFilter:
             errors.THROTTLING_QUOTA_EXCEEDED, throttle, REJECTED_MESSAGE,
         ), throttle_ms=throttle)
 
-    async def _admitted_later(self, user: str, producer_ids, wait_ms: int):
+    async def _admitted_later(self, user: str, producer_ids: Sequence[int], wait_ms: int) -> None:
         """Waits until the quota admits the request's new ids (another connection of the same
         user may take the tokens first: then it waits again)."""
         manager = self.manager

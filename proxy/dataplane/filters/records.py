@@ -6,16 +6,18 @@ import logging
 
 from protocol.apis import ApiKey
 from protocol.errors import ProtocolError
-from protocol.headers import response_body_offset
-from protocol.records import ProduceScan, RecordsError, count_fetch_records, scan_produce_request
+from protocol.headers import RequestHeader, response_body_offset
+from protocol.records import FetchRecords, ProduceScan, RecordsError, count_fetch_records, scan_produce_request
 from protocol.share_scan import scan_share_fetch
+from proxy.dataplane.filters.api import FilterContext, Frame
+from proxy.dataplane.inflight import InFlight
 from proxy.observability.logs import LogLimiter
 
 log = logging.getLogger(__name__)
 _unreadable = LogLimiter(log)  # a client can send unreadable batches at will
 
 
-def produce_scan(ctx, header, frame, entry) -> ProduceScan | None:
+def produce_scan(ctx: FilterContext, header: RequestHeader, frame: Frame, entry: InFlight) -> ProduceScan | None:
     """The request's :class:`ProduceScan`, cached on its in-flight entry.
 
     None for a request whose records cannot be read: it is counted and logged, then forwarded
@@ -37,7 +39,7 @@ def produce_scan(ctx, header, frame, entry) -> ProduceScan | None:
     return scan
 
 
-def count_fetched(ctx, entry, frame) -> bool:
+def count_fetched(ctx: FilterContext, entry: InFlight, frame: Frame) -> bool:
     """Counts a Fetch (or ShareFetch) response's records and batches onto its in-flight entry, once.
 
     False for a response whose batches cannot be read: it is counted and logged, and passes on
@@ -47,6 +49,7 @@ def count_fetched(ctx, entry, frame) -> bool:
         return True
     offset = response_body_offset(frame, entry.api_key, entry.api_version)
     share = entry.api_key == ApiKey.SHARE_FETCH
+    counted: FetchRecords
     try:
         if share:
             counted = scan_share_fetch(memoryview(frame)[offset:], entry.api_version).delivered

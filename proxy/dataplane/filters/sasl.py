@@ -5,9 +5,10 @@ from __future__ import annotations
 import logging
 
 from protocol.apis import ApiKey
-from protocol.headers import response_body_offset
+from protocol.headers import RequestHeader, response_body_offset
 from protocol.messages import decode_request, decode_response
-from proxy.dataplane.filters.api import FilterSpec
+from proxy.dataplane.filters.api import FilterContext, FilterSpec, Frame
+from proxy.dataplane.inflight import InFlight
 from proxy.identity.principal import SaslError, principal_from_client_token, scram_exchange_complete
 from proxy.observability.logs import LogLimiter
 
@@ -23,7 +24,7 @@ class SaslFilter:
     spec = FilterSpec(request_keys=frozenset({ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE}),
                       response_keys=frozenset({ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE}))
 
-    def on_request(self, ctx, header, frame, entry):
+    def on_request(self, ctx: FilterContext, header: RequestHeader, frame: Frame, entry: InFlight) -> None:
         req = decode_request(header.api_key, header.api_version, memoryview(frame)[header.body_offset :])
         session = ctx.session
         if header.api_key == ApiKey.SASL_HANDSHAKE:
@@ -41,7 +42,7 @@ class SaslFilter:
             session.claimed_principal = claimed
         return None
 
-    def on_response(self, ctx, entry, frame):
+    def on_response(self, ctx: FilterContext, entry: InFlight, frame: Frame) -> Frame:
         offset = response_body_offset(frame, entry.api_key, entry.api_version)
         resp = decode_response(entry.api_key, entry.api_version, memoryview(frame)[offset:])
         session = ctx.session

@@ -2,7 +2,7 @@
 
 :class:`TopicPrefixPolicyFilter` answers clients as a broker with a CreateTopicPolicy (KIP-108)
 that refuses those names would, without one configured on the broker. It is also the example
-filter of docs/writing-a-filter.md.
+filter of docs/writing-a-filter.md, loaded through ``filters:`` by :func:`topic_prefix_policy`.
 
 Guarantees:
 - a topic whose name starts with a reserved prefix never reaches the broker in a CreateTopics
@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from protocol.apis import SPECS, ApiKey
@@ -100,6 +100,19 @@ class TopicPrefixPolicyFilter:
         req.topics = [t for t in req.topics if t.name not in refused]
         return Forward(bytes(frame[: header.body_offset]) + encode_body(req),
                        on_response=lambda response: _merge(version, response, order, refused))
+
+
+def topic_prefix_policy(config: Mapping[str, Any]) -> TopicPrefixPolicyFilter:
+    """The filter's factory, as ``filters:`` names it
+    (``proxy.dataplane.filters.topic_policy:topic_prefix_policy``): ``config`` is
+    ``{prefixes: [a list of reserved prefixes]}``. Raises ValueError for anything else."""
+    unknown = sorted(str(key) for key in config if key != "prefixes")
+    if unknown:
+        raise ValueError(f"unknown key {', '.join(unknown)} (allowed: prefixes)")
+    prefixes = config.get("prefixes")
+    if not isinstance(prefixes, list):
+        raise ValueError(f"prefixes must be a list of reserved topic name prefixes, got {prefixes!r}")
+    return TopicPrefixPolicyFilter(prefixes)
 
 
 def _merge(version: int, frame: Frame, order: list[str], refused: dict[str, tuple[int, str]]) -> bytes:
