@@ -473,5 +473,5 @@ class ClientConnection(asyncio.Protocol):
         # for nothing): without a cycle, its memory is freed now, not at the next full collection.
         self.requests.close(CLOSED)
         self.queue.close(CLOSED)
-        self.ctx._conn = CLOSED
+        self.ctx.detach(CLOSED)
         self.upstream = None

@@ -164,6 +164,10 @@ class FilterContext:
         self.uplift: dict[int, int] | None = None
         self._conn = conn  # a reference, not three bound methods: one per connection is memory
 
+    def detach(self, stand_in: ConnectionActions) -> None:
+        """The connection closed: what a filter asks of it from now on goes to ``stand_in``."""
+        self._conn = stand_in
+
     def mute(self, throttle_ms: int) -> None:
         """Stops reading from the client for ``throttle_ms`` (extends, never shortens, a mute)."""
         self._conn.mute(throttle_ms)
