@@ -21,7 +21,8 @@ from proxy.cluster.refresh import refresh_once
 from proxy.cluster.topics import TopicCache
 from proxy.control.fleet import FleetCollector, FleetExchange
 from proxy.control.quota_store import OverlayStore, QuotaStore
-from proxy.control.quota_topic_store import QuotaStoreCollector, TopicStore
+from proxy.control.quota_store_metrics import QuotaStoreCollector
+from proxy.control.quota_topic_store import TopicStore
 from proxy.dataplane.connection import ClientConnection
 from proxy.dataplane.environment import ConnectionEnv, Served
 from proxy.dataplane.filters import FilterChain

@@ -51,19 +51,17 @@ import random
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from types import MappingProxyType
 from typing import Any
 
-from kafka.protocol.admin import CreateTopicsRequest
 from kafka.protocol.consumer import FetchRequest, ListOffsetsRequest
 from kafka.record import MemoryRecords
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from proxy.cluster.brokers import Cluster
 from proxy.cluster.dialer import OwnConnection
 from proxy.cluster.kafka_retry import FATAL, KAFKA_BACKOFF, RETRIABLE, UNREACHABLE, Retries
-from proxy.cluster.refresh import fetch_topic_metadata, topic_metadata
+from proxy.cluster.refresh import topic_metadata
 from proxy.control import quota_topic
 from proxy.control.quota_store import (
     FileKeys,
@@ -74,6 +72,7 @@ from proxy.control.quota_store import (
     merge,
     overlay_values,
 )
+from proxy.control.quota_topic_admin import bootstrap_metadata, create_compacted_topic
 from proxy.control.quota_topic_producer import PartitionProducer, Records, StoreError, broker_error
 from quotas.client_quota_admin import QuotaChange, QuotaEntity
 from quotas.entities import QuotaRule
@@ -82,7 +81,6 @@ log = logging.getLogger(__name__)
 
 # org.apache.kafka.common.protocol.Errors
 _UNKNOWN_TOPIC_OR_PARTITION = 3
-_TOPIC_ALREADY_EXISTS = 36
 _FETCH_WAIT_MS = 500  # a change made through another instance is in force within a second
 _TOPIC_CHECK_S = 5.0  # how often the follower asks whether its topic still exists
 WRITE_DEADLINE_S = 25.0  # within the 30 s an admin client waits (request.timeout.ms)
@@ -410,16 +408,7 @@ class TopicStore:
     # -- the topic ------------------------------------------------------------------------
 
     async def _metadata(self) -> Any:
-        attempts = len(self._cluster.bootstrap)
-        for attempt in range(attempts):
-            address = self._cluster.upstream_address(None, attempt)
-            try:
-                return await fetch_topic_metadata(self._cluster.dialer, address, [self.topic], [], self._timeout_s)
-            except (OSError, TimeoutError, asyncio.IncompleteReadError, ConnectionError) as exc:
-                if attempt == attempts - 1:
-                    raise
-                log.debug("quota topic metadata from %s:%d failed: %s", *address, exc)
-        raise ConnectionError("no bootstrap server")
+        return await bootstrap_metadata(self._cluster, self.topic, self._timeout_s)
 
     async def _leader(self) -> tuple[str, int]:
         return self._inspect(await self._metadata())
@@ -492,18 +481,8 @@ class TopicStore:
         if target is None:
             raise StoreError("no broker known to create the quota topic")
         self._seen = False
-        async with await self._cluster.dialer.open(target, self._timeout_s) as conn:
-            version = min(conn.api_versions.get(CreateTopicsRequest.API_KEY, (0, 0))[1], 7)
-            T = CreateTopicsRequest[version].CreatableTopic
-            C = T.CreatableTopicConfig
-            topic = T(name=self.topic, num_partitions=1, replication_factor=min(3, len(brokers)), assignments=[],
-                      configs=[C(name="cleanup.policy", value="compact")])
-            resp = await conn.round_trip(CreateTopicsRequest[version](topics=[topic],
-                                                                      timeout_ms=int(self._timeout_s * 1000),
-                                                                      validate_only=False))
-        code = resp.topics[0].error_code
-        if code not in (0, _TOPIC_ALREADY_EXISTS):
-            raise broker_error("CreateTopics", code, resp.topics[0].error_message or self.topic)
+        code = await create_compacted_topic(self._cluster.dialer, target, self.topic, min(3, len(brokers)),
+                                            self._timeout_s)
         if code == 0:
             log.info("created the quota topic %s (compacted, replication factor %d)", self.topic,
                      min(3, len(brokers)))
@@ -518,34 +497,3 @@ class TopicStore:
 
 def _text(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
-
-
-class QuotaStoreCollector:
-    """``kqp_quota_store_*``: where the follower is, and what failed."""
-
-    def __init__(self, store: TopicStore) -> None:
-        self._store = store
-
-    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        s = self._store
-        yield GaugeMetricFamily("kqp_quota_store_last_applied_offset",
-                                "Offset of the last quota topic record read (-1: none)", value=s.last_applied_offset)
-        yield GaugeMetricFamily("kqp_quota_store_lag_records",
-                                "Quota topic records not read yet (high watermark - next offset)",
-                                value=max(s.high_watermark - s.next_offset, 0))
-        yield GaugeMetricFamily("kqp_quota_store_loaded", "1 once the quota topic was read to its end at start",
-                                value=1 if s.loaded.is_set() else 0)
-        yield CounterMetricFamily("kqp_quota_store_topic_lost", "Times the quota topic was found deleted or "
-                                  "replaced (then recreated, and the quotas in force written back)",
-                                  value=s.topic_lost)
-        yield CounterMetricFamily("kqp_quota_store_write_retries", "Quota topic write attempts that failed and were "
-                                  "tried again (Kafka's record-retry-total)", value=s.write_retries)
-        errors = CounterMetricFamily("kqp_quota_store_errors", "Quota topic operations that failed", labels=["op"])
-        for op in ("create", "read", "write"):
-            errors.add_metric([op], s.errors[op])
-        yield errors
-        bad = CounterMetricFamily("kqp_quota_store_bad_records", "Quota topic records ignored (unreadable)",
-                                  labels=["reason"])
-        for reason, n in sorted(s.bad_records.items()):
-            bad.add_metric([reason], n)
-        yield bad

@@ -1,0 +1,56 @@
+"""What the quota store asks of the cluster about its topic, on the proxy's own connections:
+the topic's metadata from a bootstrap server, and the topic made, compacted.
+
+Guarantees: ``bootstrap_metadata`` tries each bootstrap server once, in order, and raises the
+last failure when none answers; ``create_compacted_topic`` returns 0 or TOPIC_ALREADY_EXISTS
+(another instance made it first) and raises a StoreError naming any other error code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from kafka.protocol.admin import CreateTopicsRequest
+
+from proxy.cluster.brokers import Cluster
+from proxy.cluster.dialer import BrokerDialer
+from proxy.cluster.refresh import fetch_topic_metadata
+from proxy.control.quota_topic_producer import broker_error
+
+log = logging.getLogger(__name__)
+
+TOPIC_ALREADY_EXISTS = 36  # org.apache.kafka.common.protocol.Errors
+
+
+async def bootstrap_metadata(cluster: Cluster, topic: str, timeout_s: float) -> Any:
+    """Metadata for ``topic`` (kafka-python's response) from the first bootstrap server that answers."""
+    attempts = len(cluster.bootstrap)
+    for attempt in range(attempts):
+        address = cluster.upstream_address(None, attempt)
+        try:
+            return await fetch_topic_metadata(cluster.dialer, address, [topic], [], timeout_s)
+        except (OSError, TimeoutError, asyncio.IncompleteReadError, ConnectionError) as exc:
+            if attempt == attempts - 1:
+                raise
+            log.debug("quota topic metadata from %s:%d failed: %s", *address, exc)
+    raise ConnectionError("no bootstrap server")
+
+
+async def create_compacted_topic(dialer: BrokerDialer, target: tuple[str, int], topic: str,
+                                 replication_factor: int, timeout_s: float) -> int:
+    """Creates ``topic`` (one partition, ``cleanup.policy=compact``) through the broker at
+    ``target`` (the controller, where known); the error code, 0 or TOPIC_ALREADY_EXISTS."""
+    async with await dialer.open(target, timeout_s) as conn:
+        version = min(conn.api_versions.get(CreateTopicsRequest.API_KEY, (0, 0))[1], 7)
+        T = CreateTopicsRequest[version].CreatableTopic
+        C = T.CreatableTopicConfig
+        creatable = T(name=topic, num_partitions=1, replication_factor=replication_factor, assignments=[],
+                      configs=[C(name="cleanup.policy", value="compact")])
+        resp = await conn.round_trip(CreateTopicsRequest[version](topics=[creatable], timeout_ms=int(timeout_s * 1000),
+                                                                  validate_only=False))
+    code: int = resp.topics[0].error_code
+    if code not in (0, TOPIC_ALREADY_EXISTS):
+        raise broker_error("CreateTopics", code, resp.topics[0].error_message or topic)
+    return code
