@@ -198,3 +198,11 @@ def split_host_port(s: str) -> tuple[str, int]:
     if not host:  # only inside a collection: the error is recorded, and this caller needs the value
         raise ConfigError("host:port", f"must be host:port, got {s!r}")
     return host, port
+
+
+def section(data: Any, path: str, allowed: set[str]) -> dict[str, Any] | None:
+    """:func:`mapping`, or None (the error recorded) when ``data`` is not a mapping: a section
+    with required keys, whose own errors would only repeat that one."""
+    if data is not None and not isinstance(data, dict):
+        return invalid(path, f"must be a mapping, got {data!r}", None)
+    return mapping(data, path, allowed)

@@ -292,3 +292,14 @@ def test_the_circle_finder_finds_a_circle(tmp_path, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     assert import_circles(["proxy"]) == [["proxy.a", "proxy.b", "proxy.c"]]
 
+
+
+MAX_MODULE_LINES = 500
+
+
+def test_no_module_of_the_product_passes_500_lines():
+    """A module a reader can hold in mind: split by what it guarantees before it grows past this."""
+    sizes = {str(path.relative_to(ROOT)): len(path.read_text(encoding="utf-8").splitlines())
+             for layer in sorted(ALLOWED) for _, path, _ in _modules(layer)}
+    assert len(sizes) > 100
+    assert {path: n for path, n in sizes.items() if n > MAX_MODULE_LINES} == {}
