@@ -95,7 +95,7 @@ class _CpuWatch:
         self.client_start = _self_cpu()
         self.system_start = system_busy_seconds()
 
-    def fill(self, t: "Throughput") -> "Throughput":
+    def fill(self, t: Throughput) -> Throughput:
         for k, clock in self.clocks.items():
             try:
                 setattr(t, f"{k}_cpu_s", clock.elapsed())

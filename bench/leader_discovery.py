@@ -98,7 +98,7 @@ def log(msg: str) -> None:
 #   quit
 
 
-async def _cluster_main(args) -> None:
+async def _cluster_main(args) -> None:  # noqa: C901 (a bench script: one step after another)
     from protocol.apis import ApiKey
     from tests.support.scripted_broker import Script, ScriptedCluster
 
@@ -337,7 +337,7 @@ def scrape(metrics_address) -> dict[str, float]:
 
     if not metrics_address:
         return {}
-    url = "http://%s:%d/metrics" % tuple(metrics_address)
+    url = "http://{}:{}/metrics".format(*metrics_address)
     with urllib.request.urlopen(url, timeout=5) as resp:
         text = resp.read().decode()
     out: dict[str, float] = {}
@@ -373,7 +373,7 @@ def run_config(name: str, metadata_delay_ms: int, args, plan: Plan, launcher: La
             section = "".join(f"  {k}: {json.dumps(v)}\n" for k, v in settings.items())
             proxy = launcher.our_proxy((host, int(port)), name=f"proxy-{name}",
                                        extra_yaml="leader_discovery:\n" + section)
-            bootstrap = "%s:%d" % proxy.address
+            bootstrap = "{}:{}".format(*proxy.address)
             watch["proxy"] = proxy.pid
         load, stats = run_load(bootstrap, args, plan, cluster, watch)
         if proxy is not None:
@@ -479,8 +479,8 @@ def report(scenarios: dict[int, dict[str, dict]], args, plan: Plan) -> None:
         for name, r in results.items():
             s, c = r["summary"], r["cluster"]
             p = c.get("proxy", {})
-            hints = "-" if not p else "%d/%d/%d" % (p.get("hints_proxy", 0), p.get("hints_none", 0),
-                                                      p.get("hints_broker", 0))
+            hints = "-" if not p else "{}/{}/{}".format(p.get("hints_proxy", 0), p.get("hints_none", 0),
+                                                         p.get("hints_broker", 0))
             cpu = c["cpu_pct"]
             cpus = "/".join(f"{cpu[k]:.0f}" if k in cpu else "-" for k in ("cluster", "proxy", "client"))
             figures = ("no data" if not s["count"] else

@@ -151,7 +151,7 @@ def start_intermediary(launcher: Launcher, name: str, broker: tuple[str, int], p
     raise ValueError(name)
 
 
-def start_round_trip_paths(setups: list["Setup"], launcher: Launcher, pki: BenchPki | None = None) -> Proc | None:
+def start_round_trip_paths(setups: list[Setup], launcher: Launcher, pki: BenchPki | None = None) -> Proc | None:
     """One more broker, with every configuration's intermediary in front of it, for the round
     trips: Produce round trips through two fresh Tansu brokers differ by up to a third of what
     an intermediary adds (measured with the same proxy in front of each), so the ratios are
@@ -328,7 +328,7 @@ RTT_KINDS = (("rtt_api_versions", lambda: clients.api_versions_frame(3)),
              ("rtt_produce", lambda: clients.produce_frame("rtt")))
 
 
-def rtt_phase(setups: list["Setup"], plan: Plan, rnd: int, accs: dict[str, dict], quiet: Quiet,
+def rtt_phase(setups: list[Setup], plan: Plan, rnd: int, accs: dict[str, dict], quiet: Quiet,
               broker: Proc) -> None:
     """Sequential round trips on every configuration whose round-trip path is up, interleaved in
     small blocks; if that fails, each configuration is measured alone so the failure is pinned
@@ -374,7 +374,7 @@ def rtt_phase(setups: list["Setup"], plan: Plan, rnd: int, accs: dict[str, dict]
         for s in live if s.rtt_address is not None))
 
 
-def run_all(configs: list[str], plan: Plan, workdir: Path, profile_dir: Path | None,
+def run_all(configs: list[str], plan: Plan, workdir: Path, profile_dir: Path | None,  # noqa: C901 (the plan, step by step)
             quiet: Quiet, pin_round_trips: str | None = None) -> dict[str, dict]:
     """Start every configuration (each with its own broker), measure idle-connection memory on
     the fresh intermediaries, start every configuration's round-trip path (its intermediary in

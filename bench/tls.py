@@ -38,7 +38,7 @@ def make_pki(directory: Path) -> BenchPki:
     return BenchPki(str(ca_file), str(cert_file), str(key_file))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def client_context(ca_file: str) -> ssl.SSLContext:
     """Python's client defaults (TLS 1.2 at least, hostname checked) trusting ``ca_file``."""
     return ssl.create_default_context(cafile=ca_file)

@@ -64,7 +64,7 @@ def notes(groups: dict[str, list[str]]) -> list[str]:
              for topic, proxies in sorted(fleets.items())]
     if groups.get(""):
         lines.append(f"Enforced alone (no fleet): {_named(groups[''])}")
-    return lines + [PER_INSTANCE]
+    return [*lines, PER_INSTANCE]
 
 
 def _named(proxies: list[str]) -> str:

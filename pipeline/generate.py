@@ -17,7 +17,7 @@ One file per hour and proxy: ``date=YYYY-MM-DD/hour=HH/usage-<hour start>-<proxy
 from __future__ import annotations
 
 import argparse
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from protocol.apis import ApiKey
@@ -53,7 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    start = datetime.fromisoformat(args.start).replace(tzinfo=timezone.utc) if args.start else None
+    start = datetime.fromisoformat(args.start).replace(tzinfo=UTC) if args.start else None
     rows = generate(args.out, args.principals, args.hours, args.interval_seconds, start, args.seed, args.proxies)
     print(f"wrote {rows:,} usage rows to {args.out}")
     return 0

@@ -24,8 +24,8 @@ that admits its storm. So, per quota kind:
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
 
 from quotas.common import (
     CONSUMER_BYTE_RATE,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -147,7 +147,7 @@ def quotas_yaml(entries: list[QuotaEntry], notes: list[str], share: float, headr
 
     ``comments``: (entity key as :func:`entity_key` gives it, kind) → a sentence, written as a
     YAML comment above that value; ``header``: more comment lines at the top."""
-    when = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    when = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     lines = [
         f"# Recommended quotas, by kafka-quota-proxy report at {when}.",
         f"# Each value admits {share:.4g} of the principal's observed demand (by volume, per usage-log",

@@ -4,7 +4,7 @@ that the proxy's command line does not load numpy and pyarrow to run the proxy).
 from __future__ import annotations
 
 import math
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,7 @@ def write_usage(out: str | Path, principals: int, hours: float, interval_s: int,
                 seed: int, proxies: int) -> int:
     """See :func:`pipeline.generate.generate`."""
     rng = np.random.default_rng(seed)
-    start = start or datetime(2026, 11, 1, tzinfo=timezone.utc)
+    start = start or datetime(2026, 11, 1, tzinfo=UTC)
     t0 = int(start.timestamp()) // interval_s * interval_s
     total_s = int(hours * 3600)
     # Per tenant: typical produce bytes/s (log-normal), record size, records per batch.
@@ -67,7 +67,7 @@ def write_usage(out: str | Path, principals: int, hours: float, interval_s: int,
             # added since version 1 are at their zero (shadow_* 0, fleet "").
             table = pa.Table.from_arrays([pa.array(arrays[f.name] if f.name not in ADDED_IN else [zero_of(f.name)] * n,
                                                    type=f.type) for f in schema], schema=schema)
-            t = datetime.fromtimestamp(hour_start, timezone.utc)
+            t = datetime.fromtimestamp(hour_start, UTC)
             path = (Path(out) / f"date={t:%Y-%m-%d}" / f"hour={t:%H}"
                     / f"usage-{hour_start}-proxy-{proxy}-generated.parquet")
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,7 @@ import re
 import sys
 import tempfile
 import zipfile
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Literal, cast
@@ -170,4 +170,4 @@ def parse_time(value: str) -> datetime:
         t = datetime.fromisoformat(value)
     except ValueError as exc:
         raise UsageError(f"not an ISO 8601 time: {value!r} (e.g. 2026-11-21 or 2026-11-21T13:00)") from exc
-    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+    return t if t.tzinfo else t.replace(tzinfo=UTC)

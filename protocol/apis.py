@@ -7,10 +7,10 @@ from enum import IntEnum
 from typing import cast
 
 # Importing these modules registers every request/response class kafka-python generates.
-import kafka.protocol.admin  # noqa: F401
-import kafka.protocol.consumer  # noqa: F401
-import kafka.protocol.metadata  # noqa: F401
-import kafka.protocol.producer  # noqa: F401
+import kafka.protocol.admin
+import kafka.protocol.consumer
+import kafka.protocol.metadata
+import kafka.protocol.producer
 import kafka.protocol.sasl  # noqa: F401
 from kafka.protocol.api_key import ApiKey as _KpApiKey
 from kafka.protocol.api_message import ApiMessage

@@ -292,7 +292,7 @@ class ProducerIdQuotaManager:
             state = self._new_user(user, now_ms)
             if state is None:
                 return False
-        n = int(round(amount))
+        n = round(amount)
         state.tokens.take(n, now_ms)
         state.rate.record_at(n, now_ms)
         return True

@@ -268,8 +268,8 @@ async def run_demo(duration_s: float | None, report: bool = True, verbose: bool 
     try:
         await server.start()
         # Both set by start() (the demo's config keeps metrics on).
-        bootstrap = "%s:%d" % cast("tuple[str, int]", server.bootstrap_address)
-        metrics_url = "http://%s:%d/metrics" % cast("tuple[str, int]", server.metrics_address)
+        bootstrap = "{}:{}".format(*cast("tuple[str, int]", server.bootstrap_address))
+        metrics_url = "http://{}:{}/metrics".format(*cast("tuple[str, int]", server.metrics_address))
         print(f"kafka-quota-proxy on {bootstrap}  (broker ports: {server.cluster.node_ports})")
         result = await asyncio.to_thread(_client_round, bootstrap)
         print(

@@ -170,7 +170,7 @@ class ExpeditedRefresher:
             address = self._address(start + attempt)
             try:
                 resp = await fetch_topic_metadata(self.cluster.dialer, address, topics, list(topic_ids), self.timeout_s)
-            except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError, ValueError) as exc:
+            except (TimeoutError, OSError, asyncio.IncompleteReadError, ConnectionError, ValueError) as exc:
                 self.cluster.dialer.log_failure(f"{reason}_refresh", logging.WARNING, "%s metadata refresh from %s:%d "
                                                 "failed: %s", reason, *address, exc or type(exc).__name__)
                 continue

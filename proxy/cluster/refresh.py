@@ -82,7 +82,7 @@ async def refresh_once(cluster: Cluster, stats: ProxyStats, timeout_s: float) ->
         address = cluster.upstream_address(None, attempt)
         try:
             brokers = await fetch_brokers(cluster.dialer, address, timeout_s)
-        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError, ValueError) as exc:
+        except (TimeoutError, OSError, asyncio.IncompleteReadError, ConnectionError, ValueError) as exc:
             stats.metadata_refreshes["failure"] += 1
             cluster.dialer.log_failure("refresh", logging.WARNING, "metadata refresh from %s:%d failed: %s", *address,
                                        exc or type(exc).__name__)

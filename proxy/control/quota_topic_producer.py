@@ -141,7 +141,7 @@ class PartitionProducer:
         return self._conn
 
     async def _init_producer_id(self, conn: OwnConnection) -> tuple[int, int, int]:
-        lo, hi = conn.api_versions.get(InitProducerIdRequest.API_KEY, (-1, -1))
+        _lo, hi = conn.api_versions.get(InitProducerIdRequest.API_KEY, (-1, -1))
         if hi < 0:
             return -1, -1, 0  # before KIP-98: not idempotent, acks=all in any case
         init: Any = await conn.round_trip(InitProducerIdRequest[min(hi, 4)](

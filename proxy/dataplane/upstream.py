@@ -110,7 +110,7 @@ async def open_upstream(client: UpstreamClient) -> UpstreamConnection | None:
                                        ssl_handshake_timeout=handshake_timeout_s),
                 cfg.connect_timeout_s,
             )
-        except (OSError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, OSError) as exc:
             if isinstance(exc, ssl.SSLError):
                 dialer.failed("tls", address, exc)
             client.stats.upstream_connect_failures += 1

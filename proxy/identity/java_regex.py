@@ -417,7 +417,7 @@ class JavaRegex:
                     tokens.append(("s", self._property(char)))
                 elif char in "HVP":
                     raise UnsupportedConstruct(f"\\{char} inside a character class")
-                elif char.isascii() and (char.isdigit() and char != "0" or char in "bBAZzGRXk"):
+                elif char.isascii() and ((char.isdigit() and char != "0") or char in "bBAZzGRXk"):
                     raise JavaSyntaxError(f"Illegal/unsupported escape sequence \\{char}")
                 else:
                     tokens.append(("c", self._char_escape(char)))

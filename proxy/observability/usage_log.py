@@ -27,7 +27,7 @@ import secrets
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import NamedTuple, Required, TypedDict, Unpack
 
@@ -150,7 +150,7 @@ class UsageLogWriter:
         self._run = f"{_UNSAFE.sub('_', proxy_name)}-{secrets.token_hex(4)}"
 
     def path_for(self, start_s: int) -> Path:
-        t = datetime.fromtimestamp(start_s, timezone.utc)
+        t = datetime.fromtimestamp(start_s, UTC)
         return self.directory / f"date={t:%Y-%m-%d}" / f"hour={t:%H}" / f"usage-{start_s}-{self._run}.parquet"
 
     def write(self, interval: Interval) -> Path:

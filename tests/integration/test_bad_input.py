@@ -119,7 +119,7 @@ def test_unknown_api_key_is_forwarded_byte_for_byte():
 def test_unreachable_upstream_is_reported_and_retried(caplog):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        dead = "127.0.0.1:%d" % s.getsockname()[1]  # bound, never listening: refused
+        dead = f"127.0.0.1:{s.getsockname()[1]}"  # bound, never listening: refused
     with caplog.at_level(logging.WARNING), InProcessProxy([dead], upstream={"connect_attempts": 2}) as proxy:
         with socket.create_connection(proxy.address) as c:
             # The broker connection is opened for the first request, not on accept.

@@ -187,7 +187,7 @@ def _send_until(sock: socket.socket, frame: bytearray, deadline: float) -> bool:
             return False
         try:
             view = view[sock.send(view):]
-        except socket.timeout:
+        except TimeoutError:
             continue
     return True
 
@@ -198,7 +198,7 @@ def _drain(sock: socket.socket, stop: threading.Event) -> None:
         try:
             if not sock.recv(1 << 20):
                 return
-        except socket.timeout:
+        except TimeoutError:
             continue
         except OSError:
             return

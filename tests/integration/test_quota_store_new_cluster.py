@@ -94,7 +94,7 @@ def test_the_first_alter_on_a_new_cluster_is_written_once_init_producer_id_answe
         cluster.script.next_errors[INIT_PRODUCER_ID] = [code] * 3
         p = instance(cluster)
         try:
-            status, out, elapsed_s = set_alice(capsys, p)
+            status, out, _elapsed_s = set_alice(capsys, p)
             assert (status, out) == (0, "user=alice: ok\n")
             assert alice(capsys, p) == {"producer_byte_rate": 1048576}
             assert audited(caplog) == ["user=alice producer_byte_rate (none) -> 1048576"]

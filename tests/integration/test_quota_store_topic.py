@@ -117,7 +117,7 @@ def test_a_restarted_instance_comes_back_with_the_same_quotas(tansu):
 
 
 def healthz(p: InProcessProxy) -> str:
-    with urllib.request.urlopen("http://%s:%d/healthz" % p.server.metrics_address, timeout=5) as resp:
+    with urllib.request.urlopen("http://{}:{}/healthz".format(*p.server.metrics_address), timeout=5) as resp:
         return resp.read().decode()
 
 

@@ -30,6 +30,7 @@ and request/response headers spread over a 32 KiB batch. The estimate is within 
 
 from __future__ import annotations
 
+import itertools
 import socket
 import struct
 import time
@@ -312,7 +313,7 @@ def test_request_rate_mutes_the_throttled_connection_only(broker, proxy):
         a.sendall(b"".join(_api_versions_request(corr + i, limited) for i in range(1, burst + 1)))
         served = [(_read_api_versions(a, corr + i).throttle_time_ms, time.monotonic()) for i in range(1, burst + 1)]
         corr += burst
-        pipelined = [(t, round(later - at, 3)) for (t, at), (_, later) in zip(served, served[1:])]
+        pipelined = [(t, round(later - at, 3)) for (t, at), (_, later) in itertools.pairwise(served)]
         print(f"pipelined (throttle ms, next answer after s): {pipelined}")
         assert any(t > 0 for t, _ in pipelined), served
         for t_ms, waited_s in pipelined:

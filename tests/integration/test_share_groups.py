@@ -182,7 +182,7 @@ def test_a_moved_partition_is_found_through_the_proxy_and_no_broker_address_reac
     """Partition 0 moves from broker 1 to broker 2 while the consumer reads: broker 1 answers its
     ShareFetch NOT_LEADER_OR_FOLLOWER with CurrentLeader and broker 2's address in NodeEndpoints;
     the client must go on at the proxy's listener for node 2, never at broker 2 itself."""
-    cluster_cm, groups = share_cluster(brokers=2)
+    cluster_cm, _groups = share_cluster(brokers=2)
     with cluster_cm as cluster:
         topic = cluster.call(cluster.add_topic, "orders", 1, [1])
         cluster.call(cluster.append, topic.partitions[0], batch(3))
@@ -212,7 +212,7 @@ def test_a_moved_partition_is_found_through_the_proxy_and_no_broker_address_reac
 
 def test_share_fetches_are_held_to_the_consumer_byte_rate_and_lose_nothing():
     quota = 4096  # bytes/s; the records below are about 23 KiB
-    cluster_cm, groups = share_cluster()
+    cluster_cm, _groups = share_cluster()
     with cluster_cm as cluster:
         topic = cluster.call(cluster.add_topic, "orders", 1, [1])
         for _ in range(60):

@@ -39,7 +39,7 @@ def test_report_names_the_throttled_tenant(tansu, proxy, tmp_path):
         "usage_log": {"directory": str(usage), "interval_seconds": 1, "proxy_name": "e2e"},
         "quotas": [{"client_id": "noisy", "producer_byte_rate": NOISY_QUOTA_BYTES}],
     })
-    bootstrap = "%s:%d" % tuple(p.ready["bootstrap"])
+    bootstrap = "{}:{}".format(*p.ready["bootstrap"])
     _produce(bootstrap, "calm", 20)
     # Kafka measures a new rate over at least (samples - 1) windows: 150 kB in a few seconds is
     # 15 kB/s over those 10 s, above the 10 kB/s quota.

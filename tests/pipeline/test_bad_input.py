@@ -79,7 +79,7 @@ def test_foreign_parquet_file_is_named(spark, tmp_path):
 def test_time_range_with_no_rows(spark, tmp_path):
     _good(tmp_path / "usage")
     opts = Options(usage=str(tmp_path / "usage"), out=tmp_path / "out", since="2030-01-01", quiet=True)
-    with pytest.raises(UsageError, match="no usage rows .* between --since and --until"):
+    with pytest.raises(UsageError, match=r"no usage rows .* between --since and --until"):
         run_report(opts, spark)
 
 

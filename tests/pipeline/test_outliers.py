@@ -109,7 +109,7 @@ def test_bound_from_the_rest():
 
 def test_assess_counts_principals_without_demand_and_says_why():
     steady = [(f"t{i}", "") for i in range(10)]
-    population = {PRODUCER_IDS_RATE: steady + [("loop", "")], REQUEST_RATE: [("a", "x"), ("b", "y")]}
+    population = {PRODUCER_IDS_RATE: [*steady, ("loop", "")], REQUEST_RATE: [("a", "x"), ("b", "y")]}
     stats = {(PRODUCER_IDS_RATE, ("loop", "")): 1800.0, (PRODUCER_IDS_RATE, ("t0", "")): 2.0,
              (REQUEST_RATE, ("a", "x")): 1e6}
     recommended = {(PRODUCER_IDS_RATE, ("loop", "")): 2139.0, (PRODUCER_IDS_RATE, ("t0", "")): 3.0,
@@ -167,7 +167,7 @@ def _tables():
         return 10 if (u, c) in (producers if kind.startswith("producer") else consumers) else 0
 
     principals = pd.DataFrame([{"user": u, "client_id": c, **{f"{k}__requests": requests(u, c, k) for k in RATE_KINDS}}
-                               for u, c in everyone + [("(other)", "(other)")]])
+                               for u, c in [*everyone, ("(other)", "(other)")]])
     demand = [("loop", "", PRODUCER_IDS_RATE, 1800.0, 2139.0), ("p0", "", PRODUCER_IDS_RATE, 1.0, 2.0),
               ("ops", "tf", CONTROLLER_MUTATION_RATE, 84.0, 99.0)]
     demand += [(u, c, PRODUCER_BYTE_RATE, 1000.0 * (i + 1), 1500.0 * (i + 1)) for i, (u, c) in enumerate(producers)]

@@ -132,7 +132,7 @@ def test_an_existing_out_is_kept_when_the_inputs_are_refused(no_spark, tmp_path,
 def test_a_refusal_found_while_spark_reads_removes_the_out_it_made(spark, usage, tmp_path):
     out = tmp_path / "reports" / "out"
     opts = Options(usage=str(usage), out=out, since="2030-01-01", quiet=True)
-    with pytest.raises(UsageError, match="no usage rows .* between --since and --until"):
+    with pytest.raises(UsageError, match=r"no usage rows .* between --since and --until"):
         run_report(opts, spark)
     assert not (tmp_path / "reports").exists()
 

@@ -80,7 +80,7 @@ def test_the_restart_loop_and_the_storm_are_outliers_with_margin(sample):
 def test_an_outliers_quota_comes_from_the_other_principals(sample):
     _, _, result = sample
     recommended = _rows(result.files["recommended"])
-    assert {(f.verdict.key + (f.verdict.kind,)) for f in result.outliers} == OUTLIERS
+    assert {((*f.verdict.key, f.verdict.kind)) for f in result.outliers} == OUTLIERS
     for flag in result.outliers:
         kind = flag.verdict.kind
         (mine,) = [r for r in recommended if (r["user"], r["client_id"]) == flag.verdict.key and r["kind"] == kind]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import csv
 import re
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pandas as pd
 import pyarrow as pa
@@ -127,7 +127,7 @@ def _write_version_1(path, rows: list[dict]) -> None:
 def test_a_version_1_file_beside_version_2_files_reads_with_shadow_columns_0(spark, tmp_path):
     usage = tmp_path / "usage"
     write_rows(usage, _rows())
-    start = datetime.fromtimestamp(S, timezone.utc)
+    start = datetime.fromtimestamp(S, UTC)
     _write_version_1(usage / "old" / "usage-v1.parquet", [
         dict(interval_start=start, interval_seconds=10, proxy="p0", user="carol", client_id="legacy",
              api_key=PRODUCE, requests=5, request_bytes=250, records=5, batches=5, throttled=2,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 import csv
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -41,7 +41,7 @@ def test_a_version_2_file_reads_with_fleet_empty_beside_a_fleet_members_file(spa
     write_rows(usage, [dict(start_s=S, user="alice", client_id="app", api_key=PRODUCE, requests=3)],
                proxy="edge-1", fleet=TOPIC)
     _write_version_2(usage / "old" / "usage-v2.parquet", [
-        dict(interval_start=datetime.fromtimestamp(S, timezone.utc), interval_seconds=10, proxy="old",
+        dict(interval_start=datetime.fromtimestamp(S, UTC), interval_seconds=10, proxy="old",
              user="bob", client_id="legacy", api_key=PRODUCE, requests=5, shadow_throttled=1)])
     assert "fleet" not in pq.read_schema(usage / "old" / "usage-v2.parquet").names
 

@@ -52,7 +52,7 @@ class TestPki:
         ca = self.other_ca if other_ca else self.ca
         kwargs = {}
         if expired:
-            now = datetime.datetime.now(datetime.timezone.utc)
+            now = datetime.datetime.now(datetime.UTC)
             kwargs = {"not_before": now - datetime.timedelta(days=30), "not_after": now - datetime.timedelta(days=1)}
         cert = ca.issue_cert(f"{name}.clients.test", common_name=common_name, organization_name="Acme",
                              organization_unit_name=organization_unit, **kwargs)

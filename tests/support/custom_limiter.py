@@ -47,7 +47,7 @@ class PauseLimiter(RateLimiter):
         self.pause_ms = settings["pause_ms"]
         calls_file = settings.get("calls_file")
         if calls_file and self._calls is None:
-            self._calls = open(calls_file, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 (closed in close())
+            self._calls = open(calls_file, "a", buffering=1, encoding="utf-8")
 
     def _applies(self, usage: Usage) -> bool:
         return usage.api_key == PRODUCE and not usage.response and fnmatchcase(usage.client_id, self.client_id)

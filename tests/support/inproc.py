@@ -51,14 +51,14 @@ class InProcessProxy:
 
     @property
     def bootstrap(self) -> str:
-        return "%s:%d" % self.server.bootstrap_address
+        return "{}:{}".format(*self.server.bootstrap_address)
 
     @property
     def address(self) -> tuple[str, int]:
         return tuple(self.server.bootstrap_address)
 
     def metrics_text(self) -> str:
-        url = "http://%s:%d/metrics" % self.server.metrics_address
+        url = "http://{}:{}/metrics".format(*self.server.metrics_address)
         with urllib.request.urlopen(url, timeout=5) as resp:
             return resp.read().decode()
 

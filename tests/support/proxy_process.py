@@ -120,7 +120,7 @@ class ProxyProcess:
 
     @property
     def bootstrap(self) -> str:
-        return "%s:%d" % self.address
+        return "{}:{}".format(*self.address)
 
     @property
     def metrics_url(self) -> str:

@@ -39,8 +39,8 @@ import asyncio
 import contextlib
 import struct
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from typing import Iterator
 
 from kafka.protocol.metadata import ApiVersionsResponse
 from kafka.protocol.sasl import SaslAuthenticateResponse, SaslHandshakeResponse

@@ -82,7 +82,7 @@ class Close:
 
 # A handler's answer: a response message, raw bytes written as they are (size prefix
 # included, so partial frames are possible), None for no answer, or Close.
-Handler = Callable[["ScriptedBroker", ReceivedRequest], "ApiMessage | bytes | None | type[Close] | Awaitable[Any]"]
+Handler = Callable[["ScriptedBroker", ReceivedRequest], "ApiMessage | bytes | type[Close] | Awaitable[Any] | None"]
 
 
 @dataclass
@@ -337,7 +337,7 @@ class ScriptedCluster:
     async def wait_for_data(self, timeout_s: float) -> None:
         try:
             await asyncio.wait_for(self._data_arrived.wait(), timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
 
     # -- recorded requests -------------------------------------------------------------------

@@ -41,7 +41,7 @@ def is_closed(sock: socket.socket, timeout_s: float = 5.0) -> bool:
                 return True
     except ConnectionResetError:
         return True
-    except socket.timeout:
+    except TimeoutError:
         return False
 
 

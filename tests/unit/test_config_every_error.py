@@ -6,6 +6,7 @@ check-config and by a reload."""
 from __future__ import annotations
 
 import logging
+from typing import ClassVar
 
 import pytest
 
@@ -207,7 +208,7 @@ def test_a_reload_of_a_file_with_several_errors_changes_nothing_and_logs_them_al
 
     class Server:
         config = loaded.config
-        applied: list = []
+        applied: ClassVar[list[object]] = []
 
         def reload(self, config) -> None:
             self.applied.append(config)

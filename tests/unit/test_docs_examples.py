@@ -198,7 +198,7 @@ def cli_problems(args: list[str], parser: argparse.ArgumentParser | None = None,
         if subs is not None:
             if token in subs.choices:
                 return problems + cli_problems(args[i + 1:], subs.choices[token], f"{name} {token}")
-            return problems + [f"{name}: no subcommand {token!r} (it has {', '.join(subs.choices)})"]
+            return [*problems, f"{name}: no subcommand {token!r} (it has {', '.join(subs.choices)})"]
     if subs is not None and subs.required and not {"-h", "--help", "--version"} & set(args):
         problems.append(f"{name}: a subcommand is required")
     return problems
@@ -322,7 +322,7 @@ def command_problems(command: str | list[str], depth: int = 0) -> list[str]:
         return problems + cli_problems(args)
     if re.fullmatch(r"(.*/)?python3?(\.\d+)?", program):
         if len(args) < 2 or args[0] != "-m":
-            return problems + [f"{program}: only `python -m MODULE` is checked, got {' '.join(args)!r}"]
+            return [*problems, f"{program}: only `python -m MODULE` is checked, got {' '.join(args)!r}"]
         return problems + module_problems(args[1], args[2:])
     if program in {".", "source"}:
         return problems
@@ -334,11 +334,11 @@ def command_problems(command: str | list[str], depth: int = 0) -> list[str]:
     if "/" in program:
         script = ROOT / program
         if not script.is_file():
-            return problems + [f"{program}: no such script in the repository"]
+            return [*problems, f"{program}: no such script in the repository"]
         if not script.stat().st_mode & 0o111:
-            return problems + [f"{program}: not executable"]
+            return [*problems, f"{program}: not executable"]
         return problems
-    return problems + [f"{program}: unknown command (not in the repository, nor one of {sorted(EXTERNAL)})"]
+    return [*problems, f"{program}: unknown command (not in the repository, nor one of {sorted(EXTERNAL)})"]
 
 
 def shell_problems(body: str) -> list[str]:

@@ -59,8 +59,8 @@ def imported_modules(module: str, source: str, is_package: bool = False) -> list
                 found.append((node.lineno, target))
         elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
               and isinstance(node.args[0].value, str)
-              and (isinstance(node.func, ast.Attribute) and node.func.attr == "import_module"
-                   or isinstance(node.func, ast.Name) and node.func.id in ("import_module", "__import__"))):
+              and ((isinstance(node.func, ast.Attribute) and node.func.attr == "import_module")
+                   or (isinstance(node.func, ast.Name) and node.func.id in ("import_module", "__import__")))):
             found.append((node.lineno, node.args[0].value))
     return found
 

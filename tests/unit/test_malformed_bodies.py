@@ -22,6 +22,7 @@ import struct
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from typing import ClassVar
 
 import pytest
 from kafka.record import MemoryRecordsBuilder
@@ -325,7 +326,8 @@ class EveryTopic(TopicCache):
 class Cluster:
     """The proxy's view of the brokers, without opening a listener per node."""
 
-    brokers = {NODE_ID: ("b1.internal", 9092), LEADER: ("b2.internal", 9093)}
+    brokers: ClassVar[dict[int, tuple[str, int]]] = {NODE_ID: ("b1.internal", 9092),
+                                                     LEADER: ("b2.internal", 9093)}
 
     def advertise(self, node_id, host, port):
         return "proxy.example", 19000
@@ -333,7 +335,7 @@ class Cluster:
     def upstream_address(self, node_id, attempt):
         return "b1.internal", 9092
 
-    class dialer:  # noqa: N801 - the cluster's BrokerDialer: no broker here to look topics up at
+    class dialer:
         @staticmethod
         async def open(address, timeout_s):
             raise ConnectionRefusedError("no broker in this test")

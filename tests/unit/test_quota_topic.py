@@ -76,7 +76,7 @@ def test_bad_records_are_refused_with_a_reason(key, raw, reason):
 
 
 class FakeCluster:
-    class dialer:  # noqa: N801 - stands in for BrokerDialer
+    class dialer:
         @staticmethod
         def log_failure(*args) -> None:
             pass

@@ -204,7 +204,7 @@ def test_the_same_bytes_written_again_are_not_reloaded(path, caplog):
 def test_a_zero_debounce_applies_at_the_first_poll_that_sees_the_change(tmp_path):
     p = tmp_path / "config.yaml"
     p.write_text(full().replace("debounce_ms: 500", "debounce_ms: 0"))
-    watcher, server = watching(p)
+    watcher, _server = watching(p)
     replace_atomically(p, full(request_rate=40).replace("debounce_ms: 500", "debounce_ms: 0"))
     assert watcher.poll_at(0.0)
     assert watcher.poll_interval_s == ConfigWatcher.IDLE_POLL_S

@@ -135,7 +135,7 @@ def test_a_mixed_request_reaches_the_broker_without_the_reserved_names_and_gets_
         assert rewritten.timeout_ms == original.timeout_ms
         if version >= 1:
             assert rewritten.validate_only is True
-        answer, (orders,) = broker_answer(version, 5, ["orders"], throttle_ms=12)
+        answer, (_orders,) = broker_answer(version, 5, ["orders"], throttle_ms=12)
         pair.up.data_received(answer)
         (resp,) = client_responses(pair, version)
         assert resp.header.correlation_id == 5

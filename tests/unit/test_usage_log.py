@@ -9,7 +9,7 @@ import os
 import socket
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
@@ -254,7 +254,7 @@ def test_writer_writes_parquet_with_the_schema_and_round_trips_the_values(tmp_pa
     assert all(not f.nullable for f in table.schema)
     assert table.schema.field("interval_start").type == pa.timestamp("ms", tz="UTC")
     rows = sorted(table.to_pylist(), key=lambda r: r["user"])
-    start = datetime.fromtimestamp(T0, timezone.utc)
+    start = datetime.fromtimestamp(T0, UTC)
     assert rows == [
         {"schema_version": SCHEMA_VERSION, "interval_start": start, "interval_seconds": 10, "proxy": "proxy-a",
          "user": "alice", "client_id": "app-1", "api_key": PRODUCE, "requests": 1, "request_bytes": 1500,
@@ -298,7 +298,7 @@ def test_schema_version_3_adds_fleet_after_the_counters_and_older_files_read_it_
 def test_writer_partitions_by_utc_date_and_hour():
     writer = UsageLogWriter("/data/usage", "p")
     # 2024-02-29 23:59:50 UTC and ten seconds later.
-    leap = int(datetime(2024, 2, 29, 23, 59, 50, tzinfo=timezone.utc).timestamp())
+    leap = int(datetime(2024, 2, 29, 23, 59, 50, tzinfo=UTC).timestamp())
     assert writer.path_for(leap).parent == Path("/data/usage/date=2024-02-29/hour=23")
     assert writer.path_for(leap + 10).parent == Path("/data/usage/date=2024-03-01/hour=00")
 

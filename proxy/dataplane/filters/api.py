@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, TypeGuard, Union
+from typing import TYPE_CHECKING, Protocol, TypeGuard
 
 from protocol.headers import RequestHeader
 
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from proxy.identity.principal import Session
     from proxy.observability.stats import ProxyStats
 
-Frame = Union[bytes, bytearray, memoryview]
+Frame = bytes | bytearray | memoryview
 
 _NO_VERSIONS: Mapping[int, int] = {}
 
@@ -126,8 +126,8 @@ class Hold:
     frame: Awaitable[Frame | Forward]
 
 
-RequestDecision = Union[Forward, Answer, Close, Defer, None]
-ResponseDecision = Union[Frame, Forward, Hold]
+RequestDecision = Forward | Answer | Close | Defer | None
+ResponseDecision = Frame | Forward | Hold
 
 
 class FilterContractError(Exception):

@@ -197,7 +197,7 @@ class ControllerMutationFilter:
                         self.topics.put(t.name, len(t.partitions), getattr(t, "topic_id", None))
                     elif t.error_code == checks.UNKNOWN_TOPIC_OR_PARTITION and t.name:
                         self.topics.forget(t.name)  # gone since the cache learned it
-        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError) as exc:
+        except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError) as exc:
             ctx.cluster.dialer.log_failure("partition_lookup", logging.WARNING, "cannot look up partition counts at "
                                            "%s:%d: %s", *address, exc or type(exc).__name__)
         if self.topics.num_partitions_default is None and key == ApiKey.CREATE_TOPICS:
