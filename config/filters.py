@@ -12,9 +12,10 @@ its ``FilterSpec`` included): a factory only builds, it starts nothing.
 
 from __future__ import annotations
 
-import importlib
 from types import MappingProxyType
 from typing import Any
+
+from quotas.plugins import load_attribute
 
 from .model import FilterPlugin
 from .validation import invalid, mapping
@@ -79,18 +80,7 @@ def load_factory(target: str) -> Any:
     """Imports ``package.module:Factory`` (the attribute may be dotted: ``Class.from_config``) and
     returns it. Raises ValueError saying what is wrong: the form, the import, the attribute, or an
     attribute that cannot be called."""
-    module_name, sep, attr = target.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"must be package.module:Factory, got {target!r}")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # an import error inside the plug-in is the operator's to see
-        raise ValueError(f"cannot import {module_name!r} (from {target!r}): {exc!r}") from exc
-    obj: Any = module
-    for part in attr.split("."):
-        obj = getattr(obj, part, None)
-        if obj is None:
-            raise ValueError(f"{module_name!r} has no {attr!r} (from {target!r})")
+    obj = load_attribute(target, "package.module:Factory")
     if not callable(obj):
         raise ValueError(f"{target!r} is a {type(obj).__name__}, not a factory (a callable taking its config)")
     return obj

@@ -15,7 +15,6 @@ to the bound (``QuotaUtils.throttleTime``), not a penalty.
 
 from __future__ import annotations
 
-import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from typing import Any, ClassVar
 
 from quotas.common import CONSUMER_RECORD_RATE, PRODUCER_BATCH_RATE, PRODUCER_RECORD_RATE
 from quotas.entities import QuotaRule
+from quotas.plugins import load_attribute
 
 PRODUCE = 0
 FETCH = 1
@@ -188,18 +188,7 @@ BUILT_IN = ("quotas.limiters:RecordRateLimiter", "quotas.limiters:BatchRateLimit
 
 def load_limiter_class(target: str) -> type[RateLimiter]:
     """Imports ``package.module:ClassName``. Raises ValueError saying what is wrong."""
-    module_name, sep, attr = target.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"must be package.module:ClassName, got {target!r}")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # an import error inside the plug-in is the operator's to see
-        raise ValueError(f"cannot import {module_name!r}: {exc}") from exc
-    obj: Any = module
-    for part in attr.split("."):
-        obj = getattr(obj, part, None)
-        if obj is None:
-            raise ValueError(f"{module_name!r} has no {attr!r}")
+    obj = load_attribute(target, "package.module:ClassName")
     if not isinstance(obj, type) or not issubclass(obj, RateLimiter):
         raise ValueError(f"{target!r} is not a quotas.limiters.RateLimiter subclass")
     return obj
