@@ -303,3 +303,17 @@ def test_no_module_of_the_product_passes_500_lines():
              for layer in sorted(ALLOWED) for _, path, _ in _modules(layer)}
     assert len(sizes) > 100
     assert {path: n for path, n in sizes.items() if n > MAX_MODULE_LINES} == {}
+
+
+# Pure modules inside the proxy's rooms: no I/O, no asyncio, nothing of the proxy's but each other.
+PURE = frozenset({"proxy.identity.java_regex", "proxy.identity.distinguished_name", "proxy.identity.ssl_principal"})
+IO_MODULES = frozenset({"asyncio", "socket", "selectors", "subprocess", "threading", "uvloop"})
+
+
+def test_the_pure_modules_of_the_proxy_import_no_io():
+    modules = [(m, p, pkg) for m, p, pkg in _modules("proxy") if m in PURE]
+    assert {m for m, _, _ in modules} == PURE
+    violations = [f"{module}:{line} imports {name}" for module, path, pkg in modules
+                  for line, name in imported_modules(module, path.read_text(encoding="utf-8"), pkg)
+                  if name.partition(".")[0] in IO_MODULES or (name.startswith("proxy.") and name not in PURE)]
+    assert violations == []
