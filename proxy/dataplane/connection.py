@@ -97,7 +97,7 @@ class ClientConnection(asyncio.Protocol):
     (proxy.dataplane.response_queue)."""
 
     __slots__ = (
-        "env", "chain", "stats", "usage", "ctx", "queue", "raw_sasl", "requests", "transport", "gate",
+        "env", "chain", "stats", "ctx", "queue", "raw_sasl", "requests", "transport", "gate",
         "channel_mute", "upstream", "closed", "_reader", "_unsent", "_connect_task", "_hot_head", "_through",
         "_accept_timer", "_ip", "_active", "deadlines", "_pool_bytes",
     )
@@ -106,11 +106,10 @@ class ClientConnection(asyncio.Protocol):
         self.env = env
         self.chain = env.chain
         self.stats = env.stats
-        self.usage = env.usage  # proxy.observability.usage_log.UsageLog, or None when off
         self.ctx = FilterContext(Session(), node_id, env.cluster, env.topics, env.leaders, env.stats, self)
-        self.queue = ResponseQueue(self.ctx, self.usage, self)
+        self.queue = ResponseQueue(self.ctx, env.usage, self)
         self.raw_sasl: RawSasl | None = None  # made by the first SaslHandshake v0
-        self.requests = RequestSide(self, self.ctx, self.queue, self.stats, self.usage, self.chain)
+        self.requests = RequestSide(self, self.queue, self.chain)
         self.transport: asyncio.Transport | None = None
         self.gate: ReadGate | None = None
         self.channel_mute: ChannelMute | None = None  # made by the first throttle or mute

@@ -18,24 +18,18 @@ from proxy.cluster.brokers import Cluster
 from proxy.cluster.leaders import LeaderCache
 from proxy.cluster.topics import TopicCache
 from proxy.dataplane.filters.chain import FilterChain
-from proxy.dataplane.guard import ConnectionGuard
+from proxy.dataplane.guard import ConnectionGuard, Swept
 from proxy.identity.tls import ServerTls
 from proxy.observability.stats import ProxyStats
 from proxy.observability.usage_log import UsageLog
 
 
-class Served(Protocol):
-    """What the server and the guard's sweep ask of an open client connection."""
+class Served(Swept, Protocol):
+    """What the server asks of an open client connection, besides the guard's sweep."""
 
     def close(self) -> None: ...
 
     def chain_changed(self) -> None: ...
-
-    def bytes_to_finish(self) -> int: ...
-
-    def deadline_passed(self, now_s: float, idle_s: float, partial_s: float) -> str | None: ...
-
-    def close_for(self, reason: str) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)

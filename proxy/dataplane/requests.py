@@ -31,12 +31,10 @@ from proxy.dataplane.response_queue import finish
 from proxy.dataplane.routes import plan_route
 
 if TYPE_CHECKING:
-    from proxy.dataplane.filters.api import FilterContext
     from proxy.dataplane.filters.chain import FilterChain
     from proxy.dataplane.flow import ChannelMute, ReadGate
     from proxy.dataplane.raw_sasl import RawSasl
     from proxy.dataplane.response_queue import ResponseQueue
-    from proxy.observability.stats import ProxyStats
 
 log = logging.getLogger(__name__)
 
@@ -79,13 +77,12 @@ class RequestSide:
     __slots__ = ("conn", "ctx", "queue", "stats", "usage", "chain", "table", "client_id_field", "deferred",
                  "held", "held_error")
 
-    def __init__(self, conn: RequestOwner, ctx: FilterContext, queue: ResponseQueue, stats: ProxyStats,
-                 usage: Any, chain: FilterChain) -> None:
+    def __init__(self, conn: RequestOwner, queue: ResponseQueue, chain: FilterChain) -> None:
         self.conn = conn
-        self.ctx = ctx
+        self.ctx = queue.ctx
         self.queue = queue
-        self.stats = stats
-        self.usage = usage  # proxy.observability.usage_log.UsageLog, or None when off
+        self.stats = queue.stats
+        self.usage = queue.usage  # proxy.observability.usage_log.UsageLog, or None when off
         self.chain = chain
         self.table = self.chain.request_without_uplift
         self.client_id_field: bytes | None = None
