@@ -87,7 +87,8 @@ def errors_so_far() -> int:
 
 # YAML 1.1 (PyYAML's safe_load) reads a float only with a dot and a signed exponent: 1e6, 1.5e6
 # and 2E-3 stay strings. Where a number is expected they mean the number they spell.
-_EXPONENT = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+# One way to split the digits (no \d+\.?\d*), so a long run of digits fails in linear time.
+_EXPONENT = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)[eE][-+]?\d+")
 
 
 def as_number(v: Any) -> int | float | None:

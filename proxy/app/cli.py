@@ -13,8 +13,9 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from config import ConfigError, ConfigErrors, load_config
+from config import ConfigError, load_config
 from config.model import Config
+from config.validation import one_error
 from proxy.cluster.dialer import BrokerDialer
 from proxy.control.cert_reload import CertificateReloader, watch_certificates
 from proxy.control.reload_watch import ConfigFile, ConfigWatcher, read_config_file, watch_config
@@ -149,7 +150,7 @@ def check_config(file: str) -> int:
     except ConfigError as exc:
         errors.extend(exc.errors)
     if errors:
-        return _invalid(errors[0] if len(errors) == 1 else ConfigErrors(errors), file)
+        return _invalid(one_error(errors), file)
     print(f"{file}: ok")
     return 0
 

@@ -31,12 +31,12 @@ class PluginFilters(NamedTuple):
     response: list[ResponseFilter]
 
 
-def build_plugins(plugins: Sequence[FilterPlugin], path: str = "filters") -> PluginFilters:
+def build_plugins(plugins: Sequence[FilterPlugin]) -> PluginFilters:
     """Each plug-in's filter, built by its factory from its settings, in order. Raises ConfigError
     naming ``filters[i]`` when a factory raises or builds something that is not a filter."""
     built: list[Filter] = []
     for i, plugin in enumerate(plugins):
-        where = f"{path}[{i}]"
+        where = f"filters[{i}]"
         try:
             f = plugin.factory(plugin.settings)
         except Exception as exc:  # the plug-in's own refusal, or its bug: the operator's to see
