@@ -40,7 +40,6 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from kafka.protocol.admin import CreateTopicsRequest
 from kafka.protocol.consumer import FetchRequest, ListOffsetsRequest
 from kafka.record import MemoryRecords
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -51,6 +50,7 @@ from proxy.cluster.dialer import OwnConnection
 from proxy.cluster.kafka_retry import KAFKA_BACKOFF
 from proxy.cluster.refresh import fetch_topic_metadata
 from proxy.control.quota_topic_producer import PartitionProducer, StoreError, broker_error
+from proxy.control.topic_admin import create_topic
 from quotas.common import PRODUCER_IDS_RATE
 from quotas.fleet import BadReport, FleetMembers, UsageReport, decode_report, encode_report, usage_entries
 from quotas.manager import QuotaManager
@@ -59,7 +59,6 @@ from quotas.producer_ids import ProducerIdQuotaManager
 log = logging.getLogger(__name__)
 
 _UNKNOWN_TOPIC_OR_PARTITION = 3
-_TOPIC_ALREADY_EXISTS = 36
 _MAX_FETCH_BYTES = 4 << 20  # per partition and fetch: a hostile writer cannot make a read unbounded
 _GZIP = 1  # Kafka's compression codec id
 _FAILURES = (OSError, TimeoutError, asyncio.IncompleteReadError, ConnectionError, ValueError)
@@ -97,7 +96,6 @@ class FleetExchange:
         self.bytes_sent = 0
         self.bytes_read = 0
         self.remote_applied = 0
-        self.remote_unknown = 0  # entries no rule here gives (or that would evict one of ours)
         self._seq = 0
         self._carry: dict[tuple[str, str | None, str | None], float] = {}
         self._last_write_ms = self._last_read_ms = clock()
@@ -332,10 +330,8 @@ class FleetExchange:
                            and producer_ids.add_remote(e.user, e.amount, now))
             else:
                 applied = manager.add_remote(e.kind, e.user, e.client_id, e.amount, now)
-            if applied:
+            if applied:  # else no rule here gives it (or it would evict an entity of ours)
                 self.remote_applied += 1
-            else:
-                self.remote_unknown += 1
 
     # -- fallback -------------------------------------------------------------------------
 
@@ -413,18 +409,9 @@ class FleetExchange:
         if target is None:
             raise StoreError("no broker known to create the fleet topic")
         replication = min(3, len(brokers))
-        async with await self._cluster.dialer.open(target, self._timeout_s) as conn:
-            version = min(conn.api_versions.get(CreateTopicsRequest.API_KEY, (0, 0))[1], 7)
-            T = CreateTopicsRequest[version].CreatableTopic
-            C = T.CreatableTopicConfig
-            topic = T(name=self.config.topic, num_partitions=self.config.partitions, replication_factor=replication,
-                      assignments=[], configs=[C(name="cleanup.policy", value="delete"),
-                                               C(name="retention.ms", value=str(self.config.retention_ms))])
-            resp = await conn.round_trip(CreateTopicsRequest[version](
-                topics=[topic], timeout_ms=int(self._timeout_s * 1000), validate_only=False))
-        code = resp.topics[0].error_code
-        if code not in (0, _TOPIC_ALREADY_EXISTS):
-            raise broker_error("CreateTopics", code, resp.topics[0].error_message or self.config.topic)
+        code = await create_topic(self._cluster.dialer, target, self.config.topic, self.config.partitions, replication,
+                                  {"cleanup.policy": "delete", "retention.ms": str(self.config.retention_ms)},
+                                  self._timeout_s)
         if code == 0:
             log.info("created the fleet topic %s (%d partitions, replication factor %d, retention.ms %d)",
                      self.config.topic, self.config.partitions, replication, self.config.retention_ms)

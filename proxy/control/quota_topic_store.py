@@ -72,8 +72,8 @@ from proxy.control.quota_store import (
     merge,
     overlay_values,
 )
-from proxy.control.quota_topic_admin import bootstrap_metadata, create_compacted_topic
 from proxy.control.quota_topic_producer import PartitionProducer, Records, StoreError, broker_error
+from proxy.control.topic_admin import bootstrap_metadata, create_topic
 from quotas.client_quota_admin import QuotaChange, QuotaEntity
 from quotas.entities import QuotaRule
 
@@ -481,8 +481,8 @@ class TopicStore:
         if target is None:
             raise StoreError("no broker known to create the quota topic")
         self._seen = False
-        code = await create_compacted_topic(self._cluster.dialer, target, self.topic, min(3, len(brokers)),
-                                            self._timeout_s)
+        code = await create_topic(self._cluster.dialer, target, self.topic, 1, min(3, len(brokers)),
+                                  {"cleanup.policy": "compact"}, self._timeout_s)
         if code == 0:
             log.info("created the quota topic %s (compacted, replication factor %d)", self.topic,
                      min(3, len(brokers)))

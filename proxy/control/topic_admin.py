@@ -1,9 +1,9 @@
-"""What the quota store asks of the cluster about its topic, on the proxy's own connections:
-the topic's metadata from a bootstrap server, and the topic made, compacted.
+"""What the proxy's own topics (the quota store's, the fleet's) ask of the cluster, on the proxy's
+own connections: a topic's metadata from a bootstrap server, and the topic made.
 
 Guarantees: ``bootstrap_metadata`` tries each bootstrap server once, in order, and raises the
-last failure when none answers; ``create_compacted_topic`` returns 0 or TOPIC_ALREADY_EXISTS
-(another instance made it first) and raises a StoreError naming any other error code.
+last failure when none answers; ``create_topic`` returns 0 or TOPIC_ALREADY_EXISTS (another
+instance made it first) and raises a StoreError naming any other error code.
 """
 
 from __future__ import annotations
@@ -38,16 +38,16 @@ async def bootstrap_metadata(cluster: Cluster, topic: str, timeout_s: float) -> 
     raise ConnectionError("no bootstrap server")
 
 
-async def create_compacted_topic(dialer: BrokerDialer, target: tuple[str, int], topic: str,
-                                 replication_factor: int, timeout_s: float) -> int:
-    """Creates ``topic`` (one partition, ``cleanup.policy=compact``) through the broker at
-    ``target`` (the controller, where known); the error code, 0 or TOPIC_ALREADY_EXISTS."""
+async def create_topic(dialer: BrokerDialer, target: tuple[str, int], topic: str, partitions: int,
+                       replication_factor: int, configs: dict[str, str], timeout_s: float) -> int:
+    """Creates ``topic`` with ``configs`` through the broker at ``target`` (the controller,
+    where known); the error code, 0 or TOPIC_ALREADY_EXISTS (another instance made it first)."""
     async with await dialer.open(target, timeout_s) as conn:
         version = min(conn.api_versions.get(CreateTopicsRequest.API_KEY, (0, 0))[1], 7)
         T = CreateTopicsRequest[version].CreatableTopic
         C = T.CreatableTopicConfig
-        creatable = T(name=topic, num_partitions=1, replication_factor=replication_factor, assignments=[],
-                      configs=[C(name="cleanup.policy", value="compact")])
+        creatable = T(name=topic, num_partitions=partitions, replication_factor=replication_factor, assignments=[],
+                      configs=[C(name=name, value=value) for name, value in configs.items()])
         resp = await conn.round_trip(CreateTopicsRequest[version](topics=[creatable], timeout_ms=int(timeout_s * 1000),
                                                                   validate_only=False))
     code: int = resp.topics[0].error_code
