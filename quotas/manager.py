@@ -22,7 +22,6 @@ from collections.abc import Iterable
 
 from quotas.common import (
     ADMIT,
-    CONSUMER_BYTE_RATE,
     MAX_THROTTLE_MS,
     RATE_KINDS,
     REQUEST_RATE,
@@ -122,13 +121,18 @@ class QuotaManager:
 
     # -- decisions --------------------------------------------------------------------------
 
-    def check_and_record(self, user: str, client_id: str, kind: str, amount: float, now_ms: int) -> Decision:
+    def check_and_record(self, user: str, client_id: str, kind: str, amount: float, now_ms: int,
+                         paced: bool = True) -> Decision:
         """Records ``amount`` and answers with the throttle it earns.
 
         Rate kinds: Sensor.record(checkQuotas=true) — always admitted, throttled while the rate
         is above the bound. ``controller_mutation_rate``: the permissive mode of old request
         versions — always admitted, throttled while the bucket is in debt. A quota in shadow mode
         records and decides the same, and says so (``Decision.shadow``); it is counted apart.
+        In a fleet, ``paced`` False leaves out the burst pacing (:meth:`_paced_ms`): for a caller
+        that answers a throttled request empty and takes its amount back (a Fetch, KafkaApis),
+        where a response larger than this member's part of the burst would be emptied again and
+        again while the window never fills (a starved consumer).
         """
         state = self._cache.get((kind, user, client_id), _MISS)
         if state is _MISS:
@@ -140,7 +144,7 @@ class QuotaManager:
             state.last_used_ms = now_ms
         throttle_ms = state.record_and_throttle_at(amount, now_ms)
         if self._members > 1 and type(state) is RateState:
-            throttle_ms = self._fleet_throttle_ms(state, throttle_ms, now_ms)
+            throttle_ms = self._fleet_throttle_ms(state, throttle_ms, now_ms, paced)
         if throttle_ms:
             state.last_throttle_ms = throttle_ms
             state.last_throttle_at_ms = now_ms
@@ -308,7 +312,7 @@ class QuotaManager:
         self._members = max(1, int(members))
         self._sync_interval_ms = sync_interval_ms
 
-    def _fleet_throttle_ms(self, state: RateState, throttle_ms: int, now_ms: int) -> int:
+    def _fleet_throttle_ms(self, state: RateState, throttle_ms: int, now_ms: int, paced: bool) -> int:
         """Kafka's throttle on the fleet's rate, stretched by this instance's share of the
         principal's recent usage; then the burst pacing (:meth:`_paced_ms`).
 
@@ -317,15 +321,11 @@ class QuotaManager:
         once, N requests where one fits. So a member carrying a part f of the fleet's usage
         throttles ``throttle / f`` (f at least 1 / members): a principal on one member (f = 1)
         gets Kafka's throttle, three even members three times it each, and together the rate
-        Kafka's formula aims at.
-
-        A Fetch response is never paced: a throttled Fetch is answered empty and its bytes
-        un-recorded (KafkaApis), so a response larger than this member's part of the burst
-        would be emptied again and again while the window never fills (a starved consumer)."""
+        Kafka's formula aims at."""
         if throttle_ms:
             share = max(state.local_share, 1 / self._members)
             throttle_ms = min(round_ms(throttle_ms / share), state.max_throttle_ms)
-        if throttle_ms < self._sync_interval_ms and state.resolved.kind != CONSUMER_BYTE_RATE:
+        if paced and throttle_ms < self._sync_interval_ms:
             throttle_ms = max(throttle_ms, self._paced_ms(state, now_ms))
         return throttle_ms
 

@@ -110,7 +110,9 @@ class RateQuotaFilter:
         user, client_id = ctx.session.principal, ctx.session.client_id or ""
         now = self.clock()
         size = len(frame)
-        decided = manager.check_and_record(user, client_id, CONSUMER_BYTE_RATE, size, now)
+        # Not paced in a fleet: a throttled Fetch is emptied and un-recorded (below), so pacing a
+        # response larger than this member's part of the burst would starve its consumer.
+        decided = manager.check_and_record(user, client_id, CONSUMER_BYTE_RATE, size, now, paced=False)
         if decided.throttle_ms <= 0:
             return frame
         share = entry.api_key == ApiKey.SHARE_FETCH
