@@ -60,14 +60,21 @@ def load_config(file: str | Path, filters: bool = True) -> Config:
     """The configuration in ``file`` (see parse_config)."""
     path = Path(file)
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except OSError as exc:
         raise ConfigError(str(path), f"cannot read: {exc.strerror}") from exc
+    return parse_config(yaml_document(str(path), data), filters)
+
+
+def yaml_document(path: str, data: bytes) -> Any:
+    """``data``, the bytes of the file at ``path``, as YAML loads it; ConfigError naming ``path``
+    when it is not UTF-8 or not YAML (an integer too long for Python to read included)."""
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(str(path), f"not valid YAML: {exc}") from exc
-    return parse_config(data, filters)
+        return yaml.safe_load(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(path, f"not UTF-8: {exc}") from exc
+    except (yaml.YAMLError, ValueError) as exc:
+        raise ConfigError(path, f"not valid YAML: {exc}") from exc
 
 
 def parse_config(data: Any, filters: bool = True) -> Config:

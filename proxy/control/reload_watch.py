@@ -9,12 +9,10 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
-
-import yaml
+from typing import NamedTuple, Protocol
 
 from config import ConfigError, parse_config
-from config.loader import written_sections
+from config.loader import written_sections, yaml_document
 from config.model import Config
 from proxy.control.file_signature import Signature, signature
 
@@ -40,18 +38,8 @@ def read_config_file(path: str) -> ConfigFile:
         data = Path(path).read_bytes()
     except OSError as exc:
         raise ConfigError(path, f"cannot read: {exc.strerror}") from exc
-    root = _yaml_root(path, data)
+    root = yaml_document(path, data)
     return ConfigFile(path, parse_config(root), before, hashlib.sha256(data).hexdigest(), written_sections(root))
-
-
-def _yaml_root(path: str, data: bytes) -> Any:
-    """What ``config.load_config`` does with the text it reads, for bytes already read."""
-    try:
-        return yaml.safe_load(data.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise ConfigError(path, f"not UTF-8: {exc}") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(path, f"not valid YAML: {exc}") from exc
 
 
 def unwritten_in_force(in_force: Config, loaded: ConfigFile) -> list[ConfigError]:
