@@ -246,26 +246,31 @@ def _stop_spark() -> None:
 
 async def run_demo(duration_s: float | None, report: bool = True, verbose: bool = False,
                    keep: bool = False) -> int:
-    broker = await asyncio.to_thread(LocalTansu().start)
-    print(f"Tansu broker (pid {broker.pid}) on {broker.bootstrap}")
-    workdir = Path(tempfile.mkdtemp(prefix="kqp-demo-"))
-    print(f"files of this demo in {workdir} " + ("(kept when it exits: --keep)" if keep
-                                                 else "(removed when it exits; --keep keeps them)"))
-    config = parse_config({
-        "upstream": {"bootstrap_servers": [broker.bootstrap]},
-        "listen": {"bootstrap_port": 0, "broker_port_base": 0},
-        "metrics": {"port": 0},
-        "quotas": [
-            # KIP-599: the "storm" tenant may create or delete 4 partitions per second (burst 44).
-            {"user": "<default>", "client_id": "storm", "controller_mutation_rate": 4},
-            # KIP-936: every user may introduce 5 new producer ids per minute.
-            {"user": "<default>", "producer_ids_rate": PRODUCER_IDS_PER_MINUTE},
-        ],
-        "producer_id_quota": {"producer_id_quota_window_size_seconds": 60},
-        "usage_log": {"directory": str(workdir / "usage"), "interval_seconds": 2, "proxy_name": "demo"},
-    })
-    server = ProxyServer(config)
-    try:
+    # Whatever fails, a proxy that was made is stopped, the broker is stopped, and the files go
+    # (unless --keep).
+    async with contextlib.AsyncExitStack() as cleanup:
+        broker = await asyncio.to_thread(LocalTansu().start)
+        cleanup.callback(broker.stop)
+        print(f"Tansu broker (pid {broker.pid}) on {broker.bootstrap}")
+        workdir = Path(tempfile.mkdtemp(prefix="kqp-demo-"))
+        cleanup.callback(_leave, workdir, keep)
+        print(f"files of this demo in {workdir} " + ("(kept when it exits: --keep)" if keep
+                                                     else "(removed when it exits; --keep keeps them)"))
+        config = parse_config({
+            "upstream": {"bootstrap_servers": [broker.bootstrap]},
+            "listen": {"bootstrap_port": 0, "broker_port_base": 0},
+            "metrics": {"port": 0},
+            "quotas": [
+                # KIP-599: the "storm" tenant may create or delete 4 partitions per second (burst 44).
+                {"user": "<default>", "client_id": "storm", "controller_mutation_rate": 4},
+                # KIP-936: every user may introduce 5 new producer ids per minute.
+                {"user": "<default>", "producer_ids_rate": PRODUCER_IDS_PER_MINUTE},
+            ],
+            "producer_id_quota": {"producer_id_quota_window_size_seconds": 60},
+            "usage_log": {"directory": str(workdir / "usage"), "interval_seconds": 2, "proxy_name": "demo"},
+        })
+        server = ProxyServer(config)
+        cleanup.push_async_callback(server.stop)
         await server.start()
         # Both set by start() (the demo's config keeps metrics on).
         bootstrap = "{}:{}".format(*cast("tuple[str, int]", server.bootstrap_address))
@@ -316,10 +321,6 @@ async def run_demo(duration_s: float | None, report: bool = True, verbose: bool 
               f"{metrics_url.replace('/metrics', '/healthz')}")
         await _wait(duration_s)
         return 0 if result["consumed"] == RECORDS else 1
-    finally:
-        await server.stop()
-        broker.stop()
-        _leave(workdir, keep)
 
 
 def _leave(workdir: Path, keep: bool) -> None:
