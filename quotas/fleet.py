@@ -83,22 +83,29 @@ class UsageReport:
 def encode_report(report: UsageReport, max_bytes: int = MAX_RECORD_BYTES) -> list[bytes]:
     """The report as one record value or, past ``max_bytes``, several (each a report of its
     own, with consecutive sequence numbers from ``report.seq``)."""
+    return [value for value, _ in encode_chunks(report, max_bytes)]
+
+
+def encode_chunks(report: UsageReport, max_bytes: int = MAX_RECORD_BYTES) -> list[tuple[bytes, tuple[UsageEntry, ...]]]:
+    """:func:`encode_report`, each record value with the entries it carries (so that a writer
+    sending them one by one knows what each one that landed has told)."""
     instance = report.instance_id.encode()
     if len(instance) > _MAX_NAME_BYTES:
         raise ValueError("instance id too long")
-    chunks: list[list[bytes]] = [[]]
+    chunks: list[list[tuple[bytes, UsageEntry]]] = [[]]
     size = head_size = _HEAD.size + 2 + len(instance) + 4
     for e in report.entries:
         body = _entry_bytes(e)
         if chunks[-1] and size + len(body) > max_bytes:
             chunks.append([])
             size = head_size
-        chunks[-1].append(body)
+        chunks[-1].append((body, e))
         size += len(body)
     out = []
-    for i, bodies in enumerate(chunks):
+    for i, chunk in enumerate(chunks):
         head = _HEAD.pack(MAGIC, VERSION, report.incarnation, report.seq + i, report.sent_at_ms, report.interval_ms)
-        out.append(b"".join([head, _U16.pack(len(instance)), instance, _U32.pack(len(bodies)), *bodies]))
+        value = b"".join([head, _U16.pack(len(instance)), instance, _U32.pack(len(chunk)), *(b for b, _ in chunk)])
+        out.append((value, tuple(e for _, e in chunk)))
     return out
 
 

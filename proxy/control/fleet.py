@@ -52,7 +52,7 @@ from proxy.cluster.refresh import fetch_topic_metadata
 from proxy.control.quota_topic_producer import PartitionProducer, StoreError, broker_error
 from proxy.control.topic_admin import create_topic
 from quotas.common import PRODUCER_IDS_RATE
-from quotas.fleet import BadReport, FleetMembers, UsageReport, decode_report, encode_report, usage_entries
+from quotas.fleet import BadReport, FleetMembers, UsageEntry, UsageReport, decode_report, encode_chunks, usage_entries
 from quotas.manager import QuotaManager
 from quotas.producer_ids import ProducerIdQuotaManager
 
@@ -150,23 +150,31 @@ class FleetExchange:
                 self._carry[key] = self._carry.get(key, 0.0) + amount
             report = UsageReport(self.instance_id, self.incarnation, self._seq, int(time.time() * 1000),
                                  self.config.sync_interval_ms, usage_entries(self._carry.items()))
-            values = encode_report(report)
             try:
                 async with asyncio.timeout(max(self._timeout_s, interval_s)):
-                    await self._write(values)
+                    await self._send(encode_chunks(report))
             except _FAILURES as exc:
                 self._failed("write", exc)
                 if self._producer is not None:
                     self._producer.failed(exc)
             else:
-                self._seq += len(values)
-                self._carry.clear()
-                self.reports_sent += len(values)
-                self.bytes_sent += self._producer.last_batch_bytes if self._producer is not None else 0
+                self._carry.clear()  # entries the report did not carry (amounts of 0) included
                 self._last_write_ms = self._clock()
             self._check_fallback()
 
-    async def _write(self, values: list[bytes]) -> None:
+    async def _send(self, chunks: list[tuple[bytes, tuple[UsageEntry, ...]]]) -> None:
+        """Writes a report's records each in a batch of its own (a report larger than the broker's
+        max.message.bytes, a client-id flood's, still goes), each taken out of what is carried to
+        the next report once it landed: a failure leaves only what did not land to send again."""
+        for value, entries in chunks:
+            await self._write(value)
+            self._seq += 1
+            self.reports_sent += 1
+            self.bytes_sent += self._producer.last_batch_bytes if self._producer is not None else 0
+            for e in entries:
+                self._carry.pop((e.kind, e.user, e.client_id), None)
+
+    async def _write(self, value: bytes) -> None:
         if not self._created:
             await self._ensure_topic()
         if self._producer is None:
@@ -175,7 +183,7 @@ class FleetExchange:
                                                self._partition_leader, lambda metadata: None, self.partition,
                                                compression_type=_GZIP)
         key = self.instance_id.encode()
-        await self._producer.send([(key, v) for v in values])
+        await self._producer.send([(key, value)])
 
     # -- reading --------------------------------------------------------------------------
 
