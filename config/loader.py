@@ -19,6 +19,8 @@ from .filters import read_filters
 from .model import (
     DEFAULT_RATE_LIMITERS,
     FLEET_FALLBACKS,
+    HEARTBEAT_INTERVAL_MS,
+    MAX_WORKERS,
     QUOTA_ADMIN_DESCRIBE,
     Config,
     ControllerMutation,
@@ -31,12 +33,14 @@ from .model import (
     RateLimiterSpec,
     ReloadConfig,
     UsageLogConfig,
+    WorkersConfig,
     unenforced_kinds,
 )
 from .network import NO_UPSTREAM, read_connections, read_listen, read_metrics, read_upstream
 from .validation import ConfigError as ConfigError
 from .validation import ConfigErrors as ConfigErrors
 from .validation import (
+    as_int,
     as_number,
     collecting,
     errors_so_far,
@@ -53,6 +57,7 @@ _SECTIONS = {
     "upstream", "listen", "metrics", "quota_windows", "quota_entities", "quotas",
     "controller_mutation", "producer_id_quota", "rate_limiters", "leader_discovery",
     "usage_log", "connections", "reload", "quota_admin", "mode", "fleet", "filters",
+    "workers",
 }
 
 
@@ -118,6 +123,7 @@ def _config(data: Any, filters: bool = True) -> Config:
         usage_log=_usage_log(root.get("usage_log", {}), "usage_log"),
         quota_admin=_quota_admin(root.get("quota_admin", {}), "quota_admin"),
         fleet=_fleet(root.get("fleet", {}), "fleet"),
+        workers=_workers(root.get("workers", {}), "workers"),
         mode=mode,
     )
 
@@ -173,6 +179,28 @@ def _quota_admin(data: Any, path: str) -> QuotaAdminConfig:
         describe=describe,
         topic=topic,
         write_deadline_ms=read_int(m, "write_deadline_ms", path, d.write_deadline_ms, 100, 300_000),
+    )
+
+
+def _workers(data: Any, path: str) -> WorkersConfig:
+    d = WorkersConfig()
+    # ``workers: 4`` and ``workers: auto`` are short for ``workers: {count: ...}``.
+    m = mapping(data if data is None or isinstance(data, dict) else {"count": data}, path, set(vars(d)))
+    raw = m.get("count", d.count)
+    count = 0 if raw == "auto" else as_int(raw)
+    if count is None or (raw != "auto" and not 1 <= count <= MAX_WORKERS):
+        where = f"{path}.count" if isinstance(data, dict) else path
+        count = invalid(where, f"must be auto or an integer in [1, {MAX_WORKERS}], got {raw!r}", d.count)
+    before = errors_so_far()
+    sync_interval_ms = read_int(m, "sync_interval_ms", path, d.sync_interval_ms, 10, 10_000)
+    heartbeat_timeout_ms = read_int(m, "heartbeat_timeout_ms", path, d.heartbeat_timeout_ms, 1_000, 600_000)
+    if errors_so_far() == before and heartbeat_timeout_ms < 2 * HEARTBEAT_INTERVAL_MS:
+        invalid(f"{path}.heartbeat_timeout_ms", f"must be at least {2 * HEARTBEAT_INTERVAL_MS}", None)
+    return WorkersConfig(
+        count=count,
+        sync_interval_ms=sync_interval_ms,
+        heartbeat_timeout_ms=heartbeat_timeout_ms,
+        drain_timeout_ms=read_int(m, "drain_timeout_ms", path, d.drain_timeout_ms, 0, 3_600_000),
     )
 
 

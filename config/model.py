@@ -267,6 +267,24 @@ class FleetConfig:
     instance_id: str | None = None  # None: the advertised host and bootstrap port
 
 
+MAX_WORKERS = 256
+HEARTBEAT_INTERVAL_MS = 1_000  # how often a worker tells the supervisor its event loop turns
+
+
+@dataclass(frozen=True)
+class WorkersConfig:
+    """Worker processes behind the same listeners (proxy.app.supervisor): ``workers: N``,
+    ``workers: auto`` or this mapping. One worker (the default) is the plain single process."""
+
+    count: int = 1  # 0: auto, the cores this process may run on
+    # How often each worker hands its quota usage to the others (fleet semantics, on the host).
+    sync_interval_ms: int = 100
+    # A worker whose event loop has not answered for this long is killed and replaced.
+    heartbeat_timeout_ms: int = 10_000
+    # SIGTERM: stop accepting, let the requests in flight be answered for up to this, then close.
+    drain_timeout_ms: int = 30_000
+
+
 @dataclass(frozen=True)
 class QuotaAdminConfig:
     """DescribeClientQuotas and AlterClientQuotas answered by the proxy (off: forwarded)."""
@@ -315,6 +333,7 @@ class Config:
     usage_log: UsageLogConfig = field(default_factory=UsageLogConfig)
     quota_admin: QuotaAdminConfig = field(default_factory=QuotaAdminConfig)
     fleet: FleetConfig = field(default_factory=FleetConfig)
+    workers: WorkersConfig = field(default_factory=WorkersConfig)
     # The quota entries' mode unless an entry sets its own: enforce, or shadow (every quota
     # computed and counted, nothing throttled, refused, muted or rewritten).
     mode: str = "enforce"

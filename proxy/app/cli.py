@@ -11,7 +11,7 @@ import signal
 import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, Protocol, cast
 
 from config import ConfigError, load_config
 from config.model import Config
@@ -22,9 +22,6 @@ from proxy.control.reload_watch import ConfigFile, ConfigWatcher, read_config_fi
 from proxy.identity.tls import server_tls
 from proxy.observability import logs
 from proxy.observability.stats import ProxyStats
-
-if TYPE_CHECKING:
-    from proxy.app.server import ProxyServer
 
 log = logging.getLogger(__name__)
 
@@ -120,14 +117,19 @@ def main(argv: list[str] | None = None) -> int:
             # kafka-python logs its own clients' shutdown at ERROR ("Metadata refresh: failed
             # Cancelled" when a client closes mid-refresh); the demo reports what they did itself.
             logging.getLogger("kafka").setLevel(logging.CRITICAL)
-        return _run(run_demo(args.duration, args.report, verbose=args.verbose, keep=args.keep))
+        return run_loop(run_demo(args.duration, args.report, verbose=args.verbose, keep=args.keep))
     logs.configure(args.log_level, args.log_format)
     try:
         loaded = read_config_file(args.config)  # read once: the watcher knows the bytes in force
     except ConfigError as exc:
         return _invalid(exc, args.config)
+    from proxy.app.supervisor import supervise, worker_count
+
+    if worker_count(loaded.config.workers.count) > 1:
+        logs.configure(args.log_level, args.log_format, "supervisor")
+        return run_loop(supervise(loaded, args.ready_file, args.log_level, args.log_format))
     try:
-        return _run(serve(loaded.config, args.ready_file, loaded))
+        return run_loop(serve(loaded.config, args.ready_file, loaded))
     except ConfigError as exc:  # a rate limiter refused its configuration at start
         return _invalid(exc, args.config)
 
@@ -166,7 +168,7 @@ def _invalid(exc: ConfigError, file: str) -> int:
     return 2
 
 
-def _run(coro: Coroutine[Any, Any, int]) -> int:
+def run_loop(coro: Coroutine[Any, Any, int]) -> int:
     try:
         import uvloop
     except ImportError:
@@ -208,14 +210,24 @@ async def serve(config: Config, ready_file: str | None, loaded: ConfigFile | Non
     log.info("stopping")
     for task in watching:
         task.cancel()
+    await server.drain(config.workers.drain_timeout_ms / 1000)
     await server.stop()
     return 0
 
 
-def write_ready_file(path: str, server: ProxyServer) -> None:
+class Listening(Protocol):
+    bootstrap_address: tuple[str, int] | None
+    metrics_address: tuple[str, int] | None
+
+
+def write_ready_file(path: str, server: Listening, workers: list[int] | None = None) -> None:
+    """Where ``server`` (a proxy, or a supervisor with the pids of its ``workers``) listens, as
+    JSON in ``path`` (written whole: a reader never sees half of it)."""
     # bootstrap_address is set once start() returned.
-    info = {"pid": os.getpid(), "bootstrap": list(cast("tuple[str, int]", server.bootstrap_address))}
+    info: dict[str, Any] = {"pid": os.getpid(), "bootstrap": list(cast("tuple[str, int]", server.bootstrap_address))}
     info["metrics"] = list(server.metrics_address) if server.metrics_address else None
+    if workers is not None:
+        info["workers"] = workers
     tmp = Path(path).with_suffix(".tmp")
     tmp.write_text(json.dumps(info))
     tmp.replace(path)

@@ -23,6 +23,7 @@ from proxy.control.fleet import FleetCollector, FleetExchange
 from proxy.control.quota_store import OverlayStore, QuotaStore
 from proxy.control.quota_store_metrics import QuotaStoreCollector
 from proxy.control.quota_topic_store import TopicStore
+from proxy.control.worker_link import SharedOverlayStore, WorkerLink
 from proxy.dataplane.connection import ClientConnection
 from proxy.dataplane.environment import ConnectionEnv, Served
 from proxy.dataplane.filters import FilterChain
@@ -122,8 +123,14 @@ def rate_limiters_for(config: Config, manager: QuotaManager,
 
 
 class ProxyServer:
-    def __init__(self, config: Config, registry: CollectorRegistry | None = None) -> None:
+    """One proxy process: alone, or with ``worker`` one of a host's workers (proxy.app.worker):
+    its listeners shared with the others (``SO_REUSEPORT``), connection admission, quota usage
+    and the memory quota store the host's, its metrics scraped by the supervisor."""
+
+    def __init__(self, config: Config, registry: CollectorRegistry | None = None,
+                 worker: WorkerLink | None = None) -> None:
         self.config = config
+        self.worker = worker
         self.stats = ProxyStats()
         self.registry = registry if registry is not None else CollectorRegistry()
         self.quotas = quota_manager_for(config)
@@ -131,15 +138,17 @@ class ProxyServer:
         self.registry.register(QuotaCollector(self.quotas, now_ms, fleet=config.fleet.enabled))
         self.producer_ids = producer_id_manager_for(config)
         self.limiters = rate_limiters_for(config, self.quotas)
-        self.cluster = Cluster(config, self.stats, self._serve_node)
+        self.cluster = Cluster(config, self.stats, self._serve_node,
+                               worker.broker_port if worker is not None else None)
         # Quotas set through AlterClientQuotas, over the file's (config.quotas): the rules in
         # force are rules_in_force (see quota_rules_over).
-        self.quota_store: QuotaStore = OverlayStore(self._file_keys)
+        self.quota_store: QuotaStore = (OverlayStore(self._file_keys) if worker is None
+                                        else SharedOverlayStore(self._file_keys, worker))
         self.topic_store: TopicStore | None = None
         admin = config.quota_admin
         if admin.enabled and admin.store == "topic":
             self.topic_store = TopicStore(admin.topic, self.cluster, config.upstream.connect_timeout_s,
-                                          self._quota_store_changed, self._file_keys,
+                                          self.quota_store_changed, self._file_keys,
                                           write_deadline_s=admin.write_deadline_ms / 1000)
             self.quota_store = self.topic_store
             self.registry.register(QuotaStoreCollector(self.topic_store))
@@ -151,6 +160,10 @@ class ProxyServer:
             self.fleet = FleetExchange(config.fleet, self.cluster, self.quotas, config.upstream.connect_timeout_s,
                                        window_ms, now_ms, self.producer_ids)
             self.registry.register(FleetCollector(self.fleet, now_ms))
+            if worker is not None and config.fleet.instance_id:
+                self.fleet.instance_id = f"{config.fleet.instance_id}/w{worker.worker_id}"  # each a member
+        elif worker is not None:
+            worker.share_usage(self.quotas, self.producer_ids)  # the host's workers share as a fleet
         self.rules_in_force = config.quotas
         self.client_quotas = ClientQuotasFilter(config.quota_admin, self.quota_store, self)
         self.producer_id_filter = ProducerIdQuotaFilter(self.producer_ids, config.producer_id_quota.reaction)
@@ -173,7 +186,7 @@ class ProxyServer:
         self.tls = server_tls(config.listen.tls) if config.listen.tls is not None else None
         if config.listen.tls is not None or config.upstream.tls is not None:
             tune_malloc_for_tls()
-        self.guard = ConnectionGuard(config.connections, config.quota_windows)
+        self.guard = ConnectionGuard(config.connections, config.quota_windows, host=worker)
         up = config.upstream
         self._readiness = Readiness(self.stats, self.cluster, 2 * up.metadata_refresh_interval_s + up.connect_timeout_s)
         self.registry.register(GuardCollector(self.guard))
@@ -213,12 +226,12 @@ class ProxyServer:
         listen = self.config.listen
         server = await loop.create_server(
             lambda: ClientConnection(self.env, None), listen.host, listen.bootstrap_port,
-            reuse_address=True, backlog=1024,
+            reuse_address=True, reuse_port=self.worker is not None or None, backlog=1024,
         )
         self._servers.append(server)
         self.bootstrap_address = server.sockets[0].getsockname()[:2]
         log.info("bootstrap listener on %s:%d", *self.bootstrap_address)
-        if self.config.metrics.enabled:
+        if self.config.metrics.enabled and self.worker is None:  # a worker's: the supervisor's one endpoint
             endpoint = MetricsEndpoint(self.registry, self.health, self.ready, self.config.metrics.max_entity_series)
             m = self.config.metrics
             http = await endpoint.start_server(m.host, m.port)
@@ -235,7 +248,8 @@ class ProxyServer:
             # for (the file's quotas are in force until it is read).
             await self.topic_store.start(wait_s=2 * up.connect_timeout_s if answered else 0.0)
         if self.fleet is not None:
-            self.fleet.start(f"{self.config.listen.advertised_host}:{self.bootstrap_address[1]}")
+            suffix = f"/w{self.worker.worker_id}" if self.worker is not None else ""
+            self.fleet.start(f"{self.config.listen.advertised_host}:{self.bootstrap_address[1]}{suffix}")
         self._spawn(self._refresh_periodically(up.metadata_refresh_interval_s, up.connect_timeout_s, answered))
         self._spawn(self._expire_quota_entities())
         self._spawn(self._sweep_connections())
@@ -308,7 +322,7 @@ class ProxyServer:
         """The keys the file's quotas set for ``entity`` (a removal of another key masks nothing)."""
         return quotas_from_rules(self.config.quotas).get(entity, {}).keys()
 
-    def _quota_store_changed(self) -> None:
+    def quota_store_changed(self) -> None:
         """The quota topic changed (another instance's Alter, or read at start): its quotas
         over the file's in force, as a reload puts them (entities keep their rate state)."""
         try:
@@ -329,7 +343,7 @@ class ProxyServer:
         limiters = rate_limiters_for(replace(live, quotas=rules), self.quotas, existing)  # first: it may refuse
         for limiter in self.limiters:
             if limiter not in limiters:
-                _close_limiter(limiter)
+                close_limiter(limiter)
         self.quotas.replace_rules(rules)
         self.producer_ids.replace_rules(rules)
         self.rules_in_force = rules
@@ -420,6 +434,24 @@ class ProxyServer:
                 detail += "; " + line
         return ready, detail
 
+    async def drain(self, timeout_s: float) -> None:
+        """A graceful stop's first half: no connection accepted from now on; each open one
+        stops being read and closes once its responses owed are sent, within ``timeout_s``
+        (:meth:`stop` then closes what is left)."""
+        for server in self._servers:
+            server.close()
+        for conn in list(self.connections):
+            conn.drain()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        if self.connections:
+            log.info("draining %d connections (at most %g s)", len(self.connections), timeout_s)
+        while self.connections and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        if self.connections:
+            log.warning("%d connections still owed responses after %g s: closing them", len(self.connections),
+                        timeout_s)
+
     async def stop(self) -> None:
         for task in list(self._tasks):
             task.cancel()
@@ -429,7 +461,7 @@ class ProxyServer:
             await self.fleet.stop()
         self.refresher.close()
         for limiter in self.limiters:
-            _close_limiter(limiter)
+            close_limiter(limiter)
         self.limiters = []
         for server in self._servers:
             server.close()
@@ -455,7 +487,7 @@ def _count(n: int, one: str, many: str) -> str:
     return f"{n} {one if n == 1 else many}"
 
 
-def _close_limiter(limiter: RateLimiter) -> None:
+def close_limiter(limiter: RateLimiter) -> None:
     try:
         limiter.close()
     except Exception:

@@ -20,10 +20,14 @@ log = logging.getLogger(__name__)
 
 
 class Cluster:
-    def __init__(self, config: Config, stats: ProxyStats, serve: Callable[[int, socket.socket], None]):
+    def __init__(self, config: Config, stats: ProxyStats, serve: Callable[[int, socket.socket], None],
+                 shared_ports: Callable[[int, int], int | None] | None = None):
         self._config = config
         self._stats = stats
         self._serve = serve  # starts accepting on a bound socket for a node
+        # Workers: (node id, wanted port) -> the port the host serves that node on (None: none),
+        # bound by every worker with SO_REUSEPORT (proxy.control.worker_hub).
+        self._shared_ports = shared_ports
         self.bootstrap = [split_host_port(s) for s in config.upstream.bootstrap_servers]
         # How brokers are reached (TLS, the proxy's own SASL); ConfigError for a bad file.
         self.dialer = BrokerDialer(config.upstream, stats)
@@ -65,10 +69,17 @@ class Cluster:
         if not 0 <= wanted <= 65535:
             log.error("node %d maps to port %d, outside 0-65535: not served", node_id, wanted)
             return wanted
+        if self._shared_ports is not None:
+            shared = self._shared_ports(node_id, wanted)
+            if shared is None:
+                return wanted  # not served (the worker link logged why)
+            wanted = shared
         family = socket.AF_INET6 if ":" in listen.host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if self._shared_ports is not None:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             sock.bind((listen.host, wanted))
             sock.listen(1024)
             sock.setblocking(False)

@@ -29,6 +29,7 @@ class ConfigFile(NamedTuple):
     signature: Signature | None
     digest: str
     sections: frozenset[str]
+    data: bytes = b""  # the very bytes parsed
 
 
 def read_config_file(path: str) -> ConfigFile:
@@ -39,7 +40,8 @@ def read_config_file(path: str) -> ConfigFile:
     except OSError as exc:
         raise ConfigError(path, f"cannot read: {exc.strerror}") from exc
     root = yaml_document(path, data)
-    return ConfigFile(path, parse_config(root), before, hashlib.sha256(data).hexdigest(), written_sections(root))
+    return ConfigFile(path, parse_config(root), before, hashlib.sha256(data).hexdigest(), written_sections(root),
+                      data)
 
 
 def unwritten_in_force(in_force: Config, loaded: ConfigFile) -> list[ConfigError]:

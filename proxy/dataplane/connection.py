@@ -25,68 +25,27 @@ from protocol.apis import ApiKey
 from protocol.frames import FrameError, FrameReader
 from protocol.headers import request_head
 from protocol.produce import framed_acks_not_zero
+from proxy.dataplane.closed import CLOSED
 from proxy.dataplane.environment import ConnectionEnv
-from proxy.dataplane.filters.api import ConnectionActions, FilterContext
+from proxy.dataplane.filters.api import FilterContext
 from proxy.dataplane.flow import ChannelMute, ReadGate
 from proxy.dataplane.guard import Deadlines
 from proxy.dataplane.inflight import Frame, InFlight
 from proxy.dataplane.raw_sasl import RawSasl
-from proxy.dataplane.requests import RequestOwner, RequestSide
-from proxy.dataplane.response_queue import QueueOwner, ResponseQueue, write
+from proxy.dataplane.requests import RequestSide
+from proxy.dataplane.response_queue import ResponseQueue, write
 from proxy.dataplane.routes import ASSEMBLED, plan_route
 from proxy.dataplane.upstream import UpstreamConnection, open_upstream, response_failed, tune
 from proxy.identity.principal import Session
 from proxy.identity.tls import EarlyBytes, HandshakeFailure, ServerTls, handshake
 from proxy.observability.stats import SLOT_VERSIONS
+from quotas.connections import Admission
 
 __all__ = ["ClientConnection", "UpstreamConnection"]
 
 log = logging.getLogger(__name__)
 
 _PRODUCE = int(ApiKey.PRODUCE)
-
-
-class _Closed:
-    """What the parts of a closed connection (its FilterContext, response queue and request
-    side) reach instead of it: a RequestOwner, QueueOwner and ConnectionActions that is closed,
-    and whose every action is a no-op."""
-
-    closed = True
-    channel_mute: ChannelMute | None = None
-    raw_sasl: RawSasl | None = None
-    gate: ReadGate | None = None
-
-    def mute(self, throttle_ms: int) -> None:
-        pass
-
-    def uplift_changed(self, uplift: dict[int, int] | None) -> None:
-        pass
-
-    def start_raw_sasl(self, mechanism: str | None) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-    def response_failed(self, exc: Exception) -> None:
-        pass
-
-    def reject(self, reason: str, detail: str, drain: bool = False) -> None:
-        pass
-
-    def send_upstream(self, out: list[Frame]) -> None:
-        pass
-
-    def hold_for_throttle(self, entry: InFlight | None) -> None:
-        pass
-
-    def requests_done(self) -> None:
-        pass
-
-
-CLOSED = _Closed()
-# The stand-in is each contract it stands in for (mypy checks this line).
-_STANDS_IN: tuple[RequestOwner, QueueOwner, ConnectionActions] = (CLOSED, CLOSED, CLOSED)
 
 
 class ClientConnection(asyncio.Protocol):
@@ -99,7 +58,7 @@ class ClientConnection(asyncio.Protocol):
     __slots__ = (
         "env", "chain", "stats", "ctx", "queue", "raw_sasl", "requests", "transport", "gate",
         "channel_mute", "upstream", "closed", "_reader", "_unsent", "_connect_task", "_hot_head", "_through",
-        "_accept_timer", "_ip", "_active", "deadlines", "_pool_bytes",
+        "_accept_timer", "_ip", "_active", "deadlines", "_pool_bytes", "_admitted_by",
     )
 
     def __init__(self, env: ConnectionEnv, node_id: int | None) -> None:
@@ -129,6 +88,7 @@ class ClientConnection(asyncio.Protocol):
         # For the connection guard (proxy.dataplane.guard): the client's IP, whether bytes came since the
         # last sweep, its deadlines (set once served), the bytes it holds in the memory pool.
         self._ip = ""
+        self._admitted_by: str | None = None  # "proxy" or "host" once counted open by the guard
         self._active = False
         self.deadlines: Deadlines | None = None
         self._pool_bytes = 0
@@ -140,7 +100,35 @@ class ClientConnection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self._ip = peer[0] if peer else ""
         self.ctx.label = f"{peer[0]}:{peer[1]}" if peer else "client"
-        admission = self.env.guard.admit(self._ip)
+        if self.env.guard.host is not None:
+            # Workers: the host's admission answers (a round trip to the supervisor); what the
+            # client sends meanwhile is kept (uvloop may read it even with reading paused).
+            early = EarlyBytes()
+            transport.set_protocol(early)
+            transport.pause_reading()
+            self._connect_task = asyncio.get_running_loop().create_task(self._admit_by_host(transport, early))
+            return
+        self._admitted(transport, self.env.guard.admit(self._ip), "proxy")
+
+    async def _admit_by_host(self, transport: asyncio.Transport, early: EarlyBytes) -> None:
+        admission = await self.env.guard.admit_by_host(self._ip)
+        self._connect_task = None
+        if early.lost:  # the client left while the host decided
+            self.closed = True
+            if admission.accepted:
+                self.env.guard.release(self._ip, by_host=True)
+            return
+        self._admitted(transport, admission, "host", early)
+        if self.gate is None:
+            return  # refused, or a TLS handshake took the early bytes
+        transport.set_protocol(self)
+        if early.data:
+            self.data_received(bytes(early.data))
+        if not self.gate.paused and not self.closed:
+            transport.resume_reading()
+
+    def _admitted(self, transport: asyncio.Transport, admission: Admission, by: str,
+                  early: EarlyBytes | None = None) -> None:
         loop = asyncio.get_running_loop()
         if not admission.accepted:
             # Never served: no broker connection, not counted open; an IP over its creation
@@ -152,10 +140,11 @@ class ClientConnection(asyncio.Protocol):
             else:
                 transport.close()
             return
+        self._admitted_by = by
         tls = self.env.listener_tls()
         if tls is not None:
             # Until the TLS layer takes the transport, what it reads is kept for that layer.
-            early = EarlyBytes()
+            early = early or EarlyBytes()
             transport.set_protocol(early)
             transport.pause_reading()
             self._connect_task = loop.create_task(self._start_tls(transport, early, tls, admission.delay_ms))
@@ -172,7 +161,8 @@ class ClientConnection(asyncio.Protocol):
             guard.closed["tls_handshake"] += 1
             guard.log(f"tls_{done.reason}", logging.WARNING, "TLS handshake with %s failed (%s): %s",
                       self.ctx.label, done.reason, done.detail, logger=log)
-            guard.release(self._ip)
+            guard.release(self._ip, by_host=self._admitted_by == "host")
+            self._admitted_by = None
             return
         transport, principal, after = done
         if principal is not None:
@@ -439,6 +429,17 @@ class ClientConnection(asyncio.Protocol):
             return
         self.close()
 
+    def drain(self) -> None:
+        """A graceful stop: nothing more is read; the connection closes once the responses owed
+        to the client are sent (at once when none are)."""
+        if self.closed:
+            return
+        if self.queue.pending and self.gate is not None:
+            self.queue.close_when_drained = True
+            self.gate.pause("closing")
+            return
+        self.close()
+
     def close(self) -> None:
         if self.closed:
             return
@@ -453,7 +454,8 @@ class ClientConnection(asyncio.Protocol):
         self._arm()
         if self.gate is not None:  # served (a TLS connection is, once its handshake is done)
             self.stats.open_connections -= 1
-        self.env.guard.release(self._ip)
+        if self._admitted_by is not None:
+            self.env.guard.release(self._ip, by_host=self._admitted_by == "host")
         if self._pool_bytes:
             self.env.guard.pool.release(self)
         if self.channel_mute is not None:

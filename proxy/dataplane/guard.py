@@ -134,11 +134,23 @@ class MemoryPool:
                 gate.resume("memory")
 
 
-class ConnectionGuard:
-    """The limits of ``connections:`` for one proxy, and the counts of what they closed."""
+class HostAdmission(Protocol):
+    """Admission shared by the processes of one host (proxy.control.worker_link.WorkerLink)."""
 
-    def __init__(self, config: ConnectionsConfig, windows: QuotaWindows, clock_ms: Callable[[], int] = _now_ms) -> None:
+    async def admit(self, ip: str) -> Admission: ...
+
+    def release(self, ip: str) -> None: ...
+
+
+class ConnectionGuard:
+    """The limits of ``connections:`` for one proxy, and the counts of what they closed. With
+    ``host``, connection counts and creation rates are the host's (every worker's), decided by
+    ``host`` (:meth:`admit_by_host`); the memory budget and the deadlines stay this process's."""
+
+    def __init__(self, config: ConnectionsConfig, windows: QuotaWindows, clock_ms: Callable[[], int] = _now_ms,
+                 host: HostAdmission | None = None) -> None:
         self.config = config
+        self.host = host
         self.idle_s = config.connections_max_idle_ms / 1000
         self.partial_s = config.partial_request_timeout_ms / 1000
         self.quotas = ConnectionQuotas(ConnectionLimits(
@@ -165,7 +177,21 @@ class ConnectionGuard:
     def admit(self, ip: str) -> Admission:
         """Whether a new connection from ``ip`` is served (an accepted one is counted until
         :meth:`release`). A refusal is counted and logged (rate-limited) here."""
-        admission = self.quotas.admit_at(ip, self._clock_ms())
+        return self._counted(self.quotas.admit_at(ip, self._clock_ms()), ip)
+
+    async def admit_by_host(self, ip: str) -> Admission:
+        """:meth:`admit` by the host's admission; when it does not answer in time, by this
+        process's own counts (logged, rate-limited): a client is never left waiting on it."""
+        assert self.host is not None
+        try:
+            admission = await self.host.admit(ip)
+        except TimeoutError as exc:
+            self.log("host_admission", logging.WARNING, "the host's connection admission did not answer (%s): "
+                     "admitting by this worker's own counts", exc)
+            return self.admit(ip)
+        return self._counted(admission, ip)
+
+    def _counted(self, admission: Admission, ip: str) -> Admission:
         if not admission.accepted:
             self.closed[admission.verdict] += 1
             self.log(admission.verdict, logging.WARNING, "refusing a connection from %s: %s reached%s", ip,
@@ -174,8 +200,12 @@ class ConnectionGuard:
             self.delayed_total += 1
         return admission
 
-    def release(self, ip: str) -> None:
-        self.quotas.release(ip)
+    def release(self, ip: str, by_host: bool = False) -> None:
+        """A connection admitted (by the host when ``by_host``) closed."""
+        if by_host and self.host is not None:
+            self.host.release(ip)
+        else:
+            self.quotas.release(ip)
 
     def log(self, reason: str, level: int, msg: str, *args: object, exc_info: ExcInfo = None,
             logger: logging.Logger = log) -> None:

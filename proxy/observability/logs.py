@@ -15,6 +15,10 @@ ExcInfo = (bool | BaseException | tuple[type[BaseException], BaseException, Trac
 
 
 class JsonFormatter(logging.Formatter):
+    def __init__(self, worker: str | None = None) -> None:
+        super().__init__()
+        self._worker = worker
+
     def format(self, record: logging.LogRecord) -> str:
         entry = {
             "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
@@ -23,19 +27,24 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
+        if self._worker is not None:
+            entry["worker"] = self._worker
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
         return json.dumps(entry)
 
 
 class TextFormatter(logging.Formatter):
-    def __init__(self) -> None:
-        super().__init__("ts=%(asctime)s level=%(levelname)s logger=%(name)s msg=\"%(message)s\"")
+    def __init__(self, worker: str | None = None) -> None:
+        where = "" if worker is None else f"worker={worker} "
+        super().__init__(f"ts=%(asctime)s level=%(levelname)s {where}logger=%(name)s msg=\"%(message)s\"")
 
 
-def configure(level: str, fmt: str) -> None:
+def configure(level: str, fmt: str, worker: str | None = None) -> None:
+    """Log lines of ``level`` and above to stderr, as ``fmt`` (text or json); with ``worker``,
+    each line says which process of a host of workers wrote it (``supervisor``, or a number)."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    handler.setFormatter(JsonFormatter(worker) if fmt == "json" else TextFormatter(worker))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
