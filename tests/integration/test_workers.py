@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from kafka.protocol.metadata import ApiVersionsRequest
 
 from proxy.app import procnet
 from tests.integration.test_greedy_clients import (
@@ -365,3 +366,27 @@ def test_workers_that_keep_dying_stop_the_supervisor_with_an_error(broker):
         assert "times in a row within" in p.log_text() and "giving up" in p.log_text()
         assert not [pid for pid in killed if Path(f"/proc/{pid}").exists()
                     and "zombie" not in Path(f"/proc/{pid}/status").read_text()]
+
+
+def test_with_the_fleet_each_worker_is_a_member_and_writes_its_own_usage_files(broker, tmp_path):
+    import pyarrow.parquet as pq
+
+    usage = tmp_path / "usage"
+    config = {**WORKERS, "fleet": {"enabled": True, "sync_interval_ms": 100, "member_timeout_ms": 2000},
+              "usage_log": {"directory": str(usage), "interval_seconds": 1, "proxy_name": "host-a"},
+              "quotas": [{"client_id": "spread", "producer_byte_rate": 1 << 20}]}
+    with ProxyProcess([broker.bootstrap], extra_config=config) as p:
+        socks = spread(p.address, worker_pids(p), per_worker=1)
+        for i, s in enumerate(socks):
+            s.sendall(request_bytes(ApiVersionsRequest[0](), 800 + i, "spread"))
+            assert int.from_bytes(read_frame(s)[:4], "big") == 800 + i
+        wait_for(lambda: p.metric_sum("kqp_fleet_members") == 2, 15, "both workers in the fleet")
+        log = p.log_text()
+        assert "/w0 sharing usage" in log and "/w1 sharing usage" in log, log[-3000:]
+        for s in socks:
+            s.close()
+        wait_for(lambda: len({f.name.rsplit("-", 1)[-1] for f in usage.rglob("*.parquet")}) >= 2, 10,
+                 "a usage file from each worker")
+    rows = [r for f in usage.rglob("*.parquet") for r in pq.read_table(f).to_pylist()]
+    assert {r["proxy"] for r in rows} == {"host-a"}
+    assert sum(r["requests"] for r in rows if r["client_id"] == "spread") == 2
