@@ -22,6 +22,10 @@ other; for round trips, each intermediary runs again in front of one shared brok
   proxy-baseline     this project as another work tree has it (--baseline DIR, e.g. a
                      `git worktree` of the commit before a change): before and after in one run
 
+Then, in a table of its own (bench.workers; --workers 1,2 by default when --configs is not given):
+the byte pump and the proxy with ``workers: N`` for each N, under several concurrent producers
+and then consumers (--producers, each a process of its own), throughput and intermediary CPU per MB.
+
 The benchmark client is this process; broker, pump and proxies are subprocesses.
 Results go to bench/results/latest.json (and are printed).
 """
@@ -674,8 +678,9 @@ def environment() -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="about two minutes instead of seven")
-    p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated subset of {','.join(CONFIGS)}")
+    p.add_argument("--quick", action="store_true", help="about two and a half minutes instead of eight")
+    p.add_argument("--configs", help=f"comma-separated subset of {','.join(CONFIGS)} (default all; 'none': only "
+                                     "the workers phase)")
     p.add_argument("--baseline", type=Path, metavar="DIR",
                    help=f"also run the proxy of another work tree as '{BASELINE}' (e.g. the commit before a change)")
     p.add_argument("--repeats", type=int, help="produce/consume repetitions per size (median reported)")
@@ -692,6 +697,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pin-round-trips", nargs="?", const=str(max(os.sched_getaffinity(0))), metavar="CPUS",
                    help="run the round trips' byte pump and proxies on these CPUs (taskset list; default: "
                         "the last CPU this process may use); throughput runs stay unpinned")
+    p.add_argument("--workers", metavar="COUNTS",
+                   help="also compare the proxy with these worker counts (workers: N) and the byte pump under "
+                        "--producers concurrent clients, in a table of its own (bench.workers); default 1,2 "
+                        "when --configs is not given, else none; 'none' skips it")
+    p.add_argument("--producers", type=int, help="concurrent clients of the workers phase (default 4)")
     p.add_argument("--out", type=Path, default=RESULTS_DIR / "latest.json", help="JSON results file")
     p.add_argument("--workdir", type=Path, help="where logs and configs go (default: a temp dir)")
     args = p.parse_args(argv)
@@ -702,7 +712,20 @@ def main(argv: list[str] | None = None) -> int:
                                    ("idempotent", args.idempotent or None)) if v is not None}
     if overrides:
         plan = Plan(**{**plan.__dict__, **overrides})
-    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    from . import workers  # it imports this module's pieces
+
+    configs = [c.strip() for c in (args.configs or ",".join(CONFIGS)).split(",") if c.strip() not in ("", "none")]
+    counts = args.workers if args.workers is not None else ("1,2" if args.configs is None else "none")
+    worker_counts = [] if counts.strip() in ("", "none") else [int(n) for n in counts.split(",")]
+    if any(n < 1 for n in worker_counts):
+        p.error("--workers: counts of 1 or more")
+    if worker_counts and 1 not in worker_counts:
+        worker_counts.insert(0, 1)  # the ratios are taken against one worker
+    load = workers.QUICK_LOAD if args.quick else workers.FULL_LOAD
+    if args.producers is not None:
+        if args.producers < 1:
+            p.error("--producers: 1 or more")
+        load = workers.LoadPlan(**{**load.__dict__, "producers": args.producers})
     if args.baseline is not None:
         global _baseline_checkout
         _baseline_checkout = args.baseline.resolve()
@@ -730,7 +753,8 @@ def main(argv: list[str] | None = None) -> int:
                   else (20.0 if args.quick else 120.0))
     if args.pin_round_trips and not shutil.which("taskset"):
         p.error("--pin-round-trips needs taskset (util-linux)")
-    results = run_all(configs, plan, workdir, profile_dir, quiet, args.pin_round_trips)
+    results = run_all(configs, plan, workdir, profile_dir, quiet, args.pin_round_trips) if configs else {}
+    worker_results = workers.run_workers(worker_counts, load, workdir, quiet) if worker_counts else {}
 
     report = {
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
@@ -744,13 +768,19 @@ def main(argv: list[str] | None = None) -> int:
         "results": results,
         "derived": derived(results),
     }
+    if worker_counts:
+        report["workers"] = workers.report(worker_results, worker_counts, load)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
-    print(table(results, configs))
+    if configs:
+        print(table(results, configs))
+    if worker_counts:
+        print(("\n" if configs else "") + workers.table(worker_results, worker_counts, load))
     if args.pin_round_trips:
         print(f"\nround trips: the pump and this proxy pinned to CPU(s) {args.pin_round_trips}")
-    print(f"\n{len(configs)} configurations in {report['duration_s']:.0f}s; JSON: {args.out}")
-    return 1 if any("error" in r or "rtt_error" in r for r in results.values()) else 0
+    print(f"\n{len(configs)} configurations and {len(worker_results)} in the workers phase in "
+          f"{report['duration_s']:.0f}s; JSON: {args.out}")
+    return 1 if any("error" in r or "rtt_error" in r for r in (*results.values(), *worker_results.values())) else 0
 
 
 if __name__ == "__main__":

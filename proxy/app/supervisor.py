@@ -213,13 +213,29 @@ class Supervisor:
                       "worker", slot.worker_id, how, slot.quick_exits, QUICK_EXIT_S)
             self.gave_up.set()
             return
-        delay_s = 0.0 if not slot.quick_exits else 0.5 * 2 ** (slot.quick_exits - 1)
-        log.error("worker %d (pid %d) %s after %.1f s: starting it again%s", slot.worker_id, process.pid, how,
-                  lived_s, f" in {delay_s:g} s" if delay_s else "")
-        await asyncio.sleep(delay_s)
-        if not self.stopping:
+        log.error("worker %d (pid %d) %s after %.1f s: starting it again", slot.worker_id, process.pid, how,
+                  lived_s)
+        await self._restart(slot)
+
+    async def _restart(self, slot: Slot) -> None:
+        """Starts ``slot``'s worker again, after the back-off its quick exits earned; a start
+        that fails (no process could be made) counts as a quick exit."""
+        while not self.stopping:
+            if slot.quick_exits:
+                await asyncio.sleep(0.5 * 2 ** (slot.quick_exits - 1))
+            if self.stopping:
+                return
+            try:
+                await self._spawn(slot)
+            except OSError as exc:
+                slot.quick_exits += 1
+                log.error("worker %d could not be started: %s", slot.worker_id, exc)
+                if slot.quick_exits >= MAX_QUICK_EXITS:
+                    self.gave_up.set()
+                    return
+                continue
             slot.restarts += 1
-            await self._spawn(slot)
+            return
 
     async def _watch_heartbeats(self) -> None:
         timeout_ms = self.config.workers.heartbeat_timeout_ms
