@@ -4,9 +4,10 @@ pipeline's what-if replay (so a replay decides exactly as the proxy would)."""
 from __future__ import annotations
 
 from quotas import QuotaManager
+from quotas.connections import ConnectionLimits
 from quotas.producer_ids import ProducerIdQuotaManager
 
-from .model import Config
+from .model import Config, ConnectionsConfig, QuotaWindows
 
 
 def quota_manager_for(config: Config) -> QuotaManager:
@@ -24,3 +25,18 @@ def quota_manager_for(config: Config) -> QuotaManager:
 
 def producer_id_manager_for(config: Config) -> ProducerIdQuotaManager:
     return ProducerIdQuotaManager(config.quotas, config.producer_id_quota.settings())
+
+
+def connection_limits_for(c: ConnectionsConfig, w: QuotaWindows) -> ConnectionLimits:
+    """``connections:``'s counts and creation rates, rated over the quota windows (as Kafka's
+    ConnectionQuotas rates them over quota.window.num x quota.window.size.seconds)."""
+    return ConnectionLimits(
+        max_connections=c.max_connections,
+        max_connections_per_ip=c.max_connections_per_ip,
+        max_connections_per_ip_overrides=dict(c.max_connections_per_ip_overrides),
+        max_connection_creation_rate=c.max_connection_creation_rate,
+        connection_creation_rate=c.connection_creation_rate,
+        connection_creation_rate_overrides=dict(c.connection_creation_rate_overrides),
+        window_num=w.quota_window_num,
+        window_size_ms=w.quota_window_size_seconds * 1000,
+    )

@@ -27,9 +27,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from config.engines import connection_limits_for
 from config.model import Config
 from proxy.control.worker_channel import Channel, Message
-from quotas.connections import ConnectionLimits, ConnectionQuotas
+from quotas.connections import ConnectionQuotas
 
 log = logging.getLogger(__name__)
 
@@ -51,20 +52,6 @@ def reserve_port(host: str, port: int) -> socket.socket:
     return sock
 
 
-def connection_limits(config: Config) -> ConnectionLimits:
-    c, w = config.connections, config.quota_windows
-    return ConnectionLimits(
-        max_connections=c.max_connections,
-        max_connections_per_ip=c.max_connections_per_ip,
-        max_connections_per_ip_overrides=dict(c.max_connections_per_ip_overrides),
-        max_connection_creation_rate=c.max_connection_creation_rate,
-        connection_creation_rate=c.connection_creation_rate,
-        connection_creation_rate_overrides=dict(c.connection_creation_rate_overrides),
-        window_num=w.quota_window_num,
-        window_size_ms=w.quota_window_size_seconds * 1000,
-    )
-
-
 @dataclass
 class WorkerState:
     worker_id: int
@@ -84,7 +71,7 @@ class WorkerHub:
         self._window_ms = window_ms
         self._clock = clock
         self.workers: dict[int, WorkerState] = {}
-        self.admission = ConnectionQuotas(connection_limits(config))
+        self.admission = ConnectionQuotas(connection_limits_for(config.connections, config.quota_windows))
         self.refused: Counter[str] = Counter()  # verdict -> connections refused
         self._replay: deque[tuple[int, list[Any]]] = deque()
         self._replay_entries = 0

@@ -22,9 +22,10 @@ from typing import TYPE_CHECKING, Protocol
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from config.engines import connection_limits_for
 from config.model import ConnectionsConfig, QuotaWindows
 from proxy.observability.logs import ExcInfo, LogLimiter
-from quotas.connections import Admission, ConnectionLimits, ConnectionQuotas
+from quotas.connections import Admission, ConnectionQuotas
 
 if TYPE_CHECKING:
     from proxy.dataplane.flow import ReadGate
@@ -153,16 +154,7 @@ class ConnectionGuard:
         self.host = host
         self.idle_s = config.connections_max_idle_ms / 1000
         self.partial_s = config.partial_request_timeout_ms / 1000
-        self.quotas = ConnectionQuotas(ConnectionLimits(
-            max_connections=config.max_connections,
-            max_connections_per_ip=config.max_connections_per_ip,
-            max_connections_per_ip_overrides=dict(config.max_connections_per_ip_overrides),
-            max_connection_creation_rate=config.max_connection_creation_rate,
-            connection_creation_rate=config.connection_creation_rate,
-            connection_creation_rate_overrides=dict(config.connection_creation_rate_overrides),
-            window_num=windows.quota_window_num,
-            window_size_ms=windows.quota_window_size_seconds * 1000,
-        ))
+        self.quotas = ConnectionQuotas(connection_limits_for(config, windows))
         self.pool = MemoryPool(config.queued_max_request_bytes)
         self.closed: Counter[str] = Counter()  # connections closed by the proxy, by reason
         self.delayed_total = 0  # connections accepted later (max_connection_creation_rate)
