@@ -218,3 +218,21 @@ def test_nan_durations_are_rejected(key):
         parse_config(_with(f"upstream.{key}", math.nan))
     assert info.value.path == f"upstream.{key}"
     assert "nan" in str(info.value)
+
+
+@pytest.mark.parametrize(("value", "count"), [(None, 1), (3, 3), ("auto", 0), ({"count": "auto"}, 0),
+                                              ({"count": 2, "drain_timeout_ms": 0}, 2)])
+def test_workers_is_a_count_auto_or_a_mapping(value, count):
+    assert parse_config({**VALID, "workers": value}).workers.count == count
+
+
+@pytest.mark.parametrize(("value", "where"), [
+    (0, "workers"), ("many", "workers"), (True, "workers"), (257, "workers"), ({"count": 0}, "workers.count"),
+    ({"heartbeat_timeout_ms": 1500}, "workers.heartbeat_timeout_ms"),
+    ({"sync_interval_ms": 5}, "workers.sync_interval_ms"),
+    ({"drain_ms": 1}, "workers.drain_ms"),
+])
+def test_a_bad_workers_setting_names_its_path(value, where):
+    with pytest.raises(ConfigError) as err:
+        parse_config({**VALID, "workers": value})
+    assert str(err.value).startswith(f"{where}:"), err.value
