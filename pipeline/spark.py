@@ -60,12 +60,14 @@ def spark_session(master: str = "local[*]", app_name: str = "kafka-quota-proxy r
 
 
 def _project_zip() -> Path:
+    """The packages the executors import, with every file the packages hold (the message
+    definitions of protocol/schemas included), as the installed package ships them."""
     root = Path(__file__).resolve().parents[1]
     out = Path(tempfile.mkdtemp(prefix="kqp-pyfiles-")) / "kafka_quota_proxy.zip"
     with zipfile.ZipFile(out, "w") as z:
         for package in _PACKAGES:
-            for path in (root / package).rglob("*"):
-                if path.suffix in (".py", ".yaml"):
+            for path in sorted((root / package).rglob("*")):
+                if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
                     z.write(path, path.relative_to(root))
     return out
 
@@ -146,10 +148,25 @@ class spark_errors:
         exc_type = cast("type[BaseException]", exc_type)  # not None: exc is not
         if exc_type.__name__ not in ("Py4JJavaError", "SparkException") and "pyspark" not in exc_type.__module__:
             return False
+        executor = _executor_failure(text)
+        if executor is not None:
+            # The job's own code failed on an executor: not something wrong with the user's files.
+            raise UsageError(f"a Spark executor failed running the report's code: {executor}") from exc
         file = re.search(r"((?:file:|hdfs:|s3a?:|gs:|abfss?:)?/[^\s,'\"]+\.parquet)", text)
         reason = _reason(text)
         where = f" {file.group(1)}" if file else ""
         raise UsageError(f"cannot read usage log file{where}: {reason}") from exc
+
+
+def _executor_failure(text: str) -> str | None:
+    """The Python error an executor's worker raised (its last traceback line), if ``text`` is
+    one: an import or a file of the shipped code missing, an exception in a UDF."""
+    if "Traceback (most recent call last)" not in text and "PythonException" not in text:
+        return None
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    errors = [line for line in lines if re.match(r"^[A-Za-z_.]*(Error|Exception)\b.*:", line)
+              and not line.startswith(("org.apache", "py4j", "pyspark.errors"))]
+    return (errors[-1] if errors else lines[-1])[:300]
 
 
 def _reason(text: str) -> str:
