@@ -172,6 +172,8 @@ def _report(opts: Options, inputs: Inputs, spark: SparkSession | None, progress:
             result.rows = stats.rows
             fleets = fleet.members(stats.fleets)
             result.fleet = fleet.notes(fleets)
+            if fleet.any_fleet(fleets):
+                usage = fleet.enforced_as(usage)  # a fleet's members summed: its quotas were one
 
         with progress.step("demand", "demand per principal and interval; percentiles, throttling, top talkers"):
             intervals = demand.interval_demand(usage).cache()
@@ -203,7 +205,7 @@ def _report(opts: Options, inputs: Inputs, spark: SparkSession | None, progress:
                 for f in flags}
             text = quotas_yaml(entries, notes, opts.share, opts.headroom, base, (stats.lo, stats.hi), comments,
                                outlier_header(rule, flags, outlier_notes)
-                               # The file is what gets applied: it says when its values are per fleet member.
+                               # The file is what gets applied: it says when its values are a fleet's.
                                + (result.fleet if fleet.any_fleet(fleets) else []))
             path = out / "recommended-quotas.yaml"
             path.write_text(text, encoding="utf-8")
