@@ -72,7 +72,6 @@ class WorkerHub:
         self._clock = clock
         self.workers: dict[int, WorkerState] = {}
         self.admission = ConnectionQuotas(connection_limits_for(config.connections, config.quota_windows))
-        self.refused: Counter[str] = Counter()  # verdict -> connections refused
         self._replay: deque[tuple[int, list[Any]]] = deque()
         self._replay_entries = 0
         self._quotas: dict[tuple[tuple[tuple[str, Any], ...], str], Any] = {}  # (entity, key) -> new value
@@ -145,10 +144,8 @@ class WorkerHub:
 
     def _admit(self, state: WorkerState, ip: str, request_id: int) -> None:
         admission = self.admission.admit_at(ip, self._clock())
-        if admission.accepted:
+        if admission.accepted:  # a refusal is counted by the worker that closes the connection
             state.admitted[ip] += 1
-        else:
-            self.refused[admission.verdict] += 1
         state.channel.send({"t": "admitted", "id": request_id, "ip": ip, "verdict": admission.verdict,
                             "delay_ms": admission.delay_ms})
 
