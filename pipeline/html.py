@@ -97,9 +97,13 @@ def _table(pdf: PandasFrame | None, limit: int = 50, empty: str | None = None) -
 
 
 def write_report(out: Path, *, title: str, summary: list[str], headlines: list[str], charts: list[Path],
-                 tables: list[Table], recommended_yaml: str) -> Path:
-    """``tables``: (heading, CSV file name, pandas DataFrame), or with a fourth item, the
-    sentence shown instead of an empty table."""
+                 tables: list[Table], recommended_yaml: str, quota_table: PandasFrame | None = None,
+                 glance_charts: tuple[Path | None, Path | None] = (None, None)) -> Path:
+    """The page. Its first screen answers who should get which quota (``quota_table``), who
+    stands out (``headlines``) and what the new quotas would have done (``glance_charts``: the
+    held-back chart and the demand-against-bound chart, each None when not drawn); then the
+    charts over time, ``tables`` ((heading, CSV file name, pandas DataFrame), or with a fourth
+    item the sentence shown instead of an empty table) and the recommended YAML."""
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",
         f"<title>{html.escape(title)}</title>",
@@ -109,11 +113,20 @@ def write_report(out: Path, *, title: str, summary: list[str], headlines: list[s
         "{text-align:left}li.hot{color:#c0392b}pre{background:#f6f6f6;padding:1em;overflow:auto}</style>",
         f"</head><body><h1>{html.escape(title)}</h1>",
         "<ul>" + "".join(f"<li>{html.escape(s)}</li>" for s in summary) + "</ul>",
-        "<h2>Who dominates</h2><ul>" + "".join(f"<li class='hot'>{html.escape(h)}</li>" for h in headlines) + "</ul>",
-        "<h2>Demand over time</h2>",
+        "<h2>At a glance</h2>",
+        "<h3>Who should get which quota</h3><p>The recommended value of each quota kind for the principals "
+        "that moved the most bytes (all of them: <a href='recommended-quotas.yaml'>recommended-quotas.yaml</a>, "
+        "<a href='recommended.csv'>recommended.csv</a>).</p>",
+        _table(quota_table, limit=10, empty="No principal had demand a quota applies to."),
+        "<h3>Who stands out</h3><ul>" + "".join(f"<li class='hot'>{html.escape(h)}</li>" for h in headlines) + "</ul>",
     ]
-    parts += [f"<p><img src='{html.escape(p.relative_to(out).as_posix())}' alt='{html.escape(p.stem)}'></p>"
-              for p in charts]
+    held, bounds = glance_charts
+    if held is not None:
+        parts.append("<h3>What the new quotas would have done</h3>" + _image(out, held))
+    if bounds is not None:
+        parts.append("<h3>Demand against the recommended bound</h3>" + _image(out, bounds))
+    parts.append("<h2>Demand over time</h2>")
+    parts += [_image(out, p) for p in charts]
     for heading, csv_name, pdf, *empty in tables:
         parts.append(f"<h2>{html.escape(heading)}</h2>"
                      f"<p><a href='{html.escape(csv_name)}'>{html.escape(csv_name)}</a></p>")
@@ -123,3 +136,7 @@ def write_report(out: Path, *, title: str, summary: list[str], headlines: list[s
     path = out / "report.html"
     path.write_text("\n".join(parts), encoding="utf-8")
     return path
+
+
+def _image(out: Path, path: Path) -> str:
+    return f"<p><img src='{html.escape(path.relative_to(out).as_posix())}' alt='{html.escape(path.stem)}'></p>"

@@ -22,8 +22,9 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO, cast
+from typing import TYPE_CHECKING, Any, TextIO, cast
 
+from . import glance
 from .errors import UsageError
 from .frames import PandasFrame
 from .headlines import NO_SHADOW as NO_SHADOW
@@ -242,6 +243,8 @@ def _report(opts: Options, inputs: Inputs, spark: SparkSession | None, progress:
                          list(hot["throttle_time_ratio"]), "Throttle time per second of activity",
                          "throttled seconds per active second", path):
                 charts.append(path)
+            glance_charts = _glance_charts(out, series, recommended, throttled, replayed)  # the first screen's
+
 
     result.headlines = headlines(percentiles, throttled, shadow) + outlier_headlines(flags, outlier_notes)
     with progress.step("html", "writing the HTML report"):
@@ -273,9 +276,41 @@ def _report(opts: Options, inputs: Inputs, spark: SparkSession | None, progress:
                     ("Recommended quota per principal and kind", "recommended.csv", recommended),
                     *([("What-if replay", "replay.csv", replayed[replayed["kind"] == "(any)"])]
                       if replayed is not None else [])],
-            recommended_yaml=text)
+            recommended_yaml=text, quota_table=glance.quota_table(recommended, talkers), glance_charts=glance_charts)
     result.seconds = progress.seconds
     return result
+
+
+# The first screen's demand chart: the first kind of these with demand.
+_BOUND_KINDS = ("producer_byte_rate", "consumer_byte_rate", "request_rate", "controller_mutation_rate")
+
+
+def _glance_charts(out: Path, series: dict[str, Any], recommended: PandasFrame, throttled: PandasFrame,
+                   replayed: PandasFrame) -> tuple[Path | None, Path | None]:
+    """(what the new quotas would have held back, demand against the recommended bound): the
+    files drawn, None for one with nothing to draw."""
+    from .html import CHARTS
+
+    units = {column: (title, unit) for column, title, unit in CHARTS}
+    bound_path: Path | None = None
+    for kind in _BOUND_KINDS:
+        pdf = series.get(kind)
+        if pdf is None or pdf.empty:
+            continue
+        rows = recommended[recommended["kind"] == kind]
+        bounds = {glance.name(u, c): float(v) for u, c, v in zip(rows["user"], rows["client_id"], rows["recommended"])}
+        title, unit = units[kind]
+        path = out / "charts" / "demand_against_bound.png"
+        if glance.bound_chart(pdf, bounds, f"{title}, each principal against its recommended {kind}", unit, path,
+                              series.get("span")):
+            bound_path = path
+            break
+    top = throttled.sort_values("requests", ascending=False).head(glance.TOP)
+    principals = list(zip(top["user"], top["client_id"]))
+    held_path = out / "charts" / "held_back.png"
+    if replayed is None or not glance.held_back_chart(glance.held_back(throttled, replayed, principals), held_path):
+        return None, bound_path
+    return held_path, bound_path
 
 
 def _csv(pdf: PandasFrame, path: Path) -> Path:

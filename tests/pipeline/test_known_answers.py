@@ -163,9 +163,23 @@ def test_report_html_names_the_busiest_and_the_most_throttled(hand_report):
     page = hand_report.files["html"].read_text()
     assert "most throttled: alice / app-a" in page
     assert "producer_byte_rate: alice / app-a is 100% of all demand" in page or "alice / app-a" in page
-    for name in ("demand.csv", "throttling.csv", "recommended-quotas.yaml", "charts/producer_byte_rate.png"):
+    for name in ("demand.csv", "throttling.csv", "recommended-quotas.yaml", "charts/producer_byte_rate.png",
+                 "charts/demand_against_bound.png", "charts/held_back.png"):
         assert name in page
         assert (hand_report.files["html"].parent / name).exists()
+
+
+def test_the_first_screen_says_who_gets_which_quota_who_stands_out_and_what_the_quotas_would_do(hand_report):
+    page = hand_report.files["html"].read_text()
+    first = page[page.index("<h2>At a glance</h2>"):page.index("<h2>Demand over time</h2>")]
+    headings = ["Who should get which quota", "Who stands out", "What the new quotas would have done",
+                "Demand against the recommended bound"]
+    assert [first.index(h) for h in headings] == sorted(first.index(h) for h in headings)
+    # The quota table: alice / app-a moved the most bytes, so it comes first, with its recommended values.
+    table = first[first.index("<table"):first.index("</table>")]
+    assert table.index("alice / app-a") < table.index("ANONYMOUS")
+    assert "most throttled: alice / app-a" in first
+    assert page.index("<h2>At a glance</h2>") < page.index("<h2>Demand over time</h2>") < page.index("Top talkers")
 
 
 # -- replay = the proxy's engines on the same sequence ------------------------------------------
