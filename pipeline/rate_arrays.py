@@ -1,0 +1,86 @@
+"""Kafka's windowed rate over one entity's whole event sequence at once (numpy), for the what-if
+replay: the throttle ``quotas.rate.WindowedRate.record_and_throttle_at`` gives each event,
+computed from the arrays of event times and amounts instead of one call per event.
+
+What it guarantees: for events in time order, each recorded and then checked (Kafka's
+``Sensor.record(value, timeMs, checkQuotas=true)``), the same throttle as the engine's, exactly
+while the amounts are whole numbers below 2**53 (the sums are then exact in floating point, as
+the replay's amounts are). ``tests/pipeline/test_rate_arrays.py`` holds it to the engine on
+random and hand-made sequences.
+
+How the engine's state follows from the times alone (``quotas/rate.py`` says why each rule is
+Kafka's):
+
+- **Samples.** The first event opens sample 0; an event ``window_size_ms`` or more after the
+  current sample's start opens the next one. So the samples are a walk over the events: from an
+  opening event, the next opening is the first event at or after start + window.
+- **The ring** keeps ``window_num + 1`` samples: at an event of sample k, samples k − N … k.
+- **Purge.** After each record, a kept sample whose last event is ``N × window`` or more before
+  now is reset: no value, and its start moved to now; reset again each time a later event comes
+  ``N × window`` after its previous reset. The current sample is never reset (it was just
+  recorded to), so an event's total is the sum from the first event of the oldest sample not
+  reset to the event itself, and the oldest start is that sample's start. A reset sample's
+  start, the time of its last reset, is never older: that reset came at an event whose sample
+  is newer than the reset one and, being less than ``N × window`` old, still kept.
+- **Rate** = total / window, window = now − oldest start, raised to ``N − 1`` whole windows and
+  at least 1 ms; throttle = Math.round((rate − bound) / bound × window), capped.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from quotas.common import MAX_THROTTLE_MS
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
+
+
+def throttles_ms(times_ms: NDArray[np.int64], amounts: NDArray[np.int64], bound: float, window_num: int,
+                 window_size_ms: int, max_throttle_ms: int = MAX_THROTTLE_MS) -> NDArray[np.int64]:
+    """The throttle of each event (``times_ms`` non-decreasing, ``amounts`` whole): see the
+    module docstring."""
+    import numpy as np
+
+    t = np.asarray(times_ms, dtype=np.int64)
+    n = len(t)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    a = np.asarray(amounts, dtype=np.float64)
+    big_n, w = window_num, window_size_ms
+    expire = big_n * w
+    idx = np.arange(n, dtype=np.int64)
+    # The walk of sample openings: from an opening event, the first event a window later.
+    next_sample = np.searchsorted(t, t + w, side="left").tolist()
+    opening = np.zeros(n, dtype=bool)
+    j = 0
+    while j < n:  # one step per sample, not per event
+        opening[j] = True
+        j = next_sample[j]
+    first = np.flatnonzero(opening)  # first event of each sample
+    sample = np.cumsum(opening) - 1  # sample of each event
+    last_event = np.concatenate([first[1:] - 1, [n - 1]])  # of each sample (the current: its latest so far)
+    prefix = np.concatenate([[0.0], np.cumsum(a)])
+    # Oldest sample not reset, among k − N … k: the first whose last event is within N windows.
+    k = sample
+    oldest_kept = np.maximum(k - big_n, 0)
+    kept_from = k.copy()
+    for d in range(big_n, 0, -1):  # from the oldest candidate to the newest
+        m = k - d
+        valid = (m >= oldest_kept) & (kept_from == k)
+        alive = valid & (t - t[last_event[np.maximum(m, 0)]] < expire)
+        kept_from = np.where(alive, m, kept_from)
+    total = prefix[idx + 1] - prefix[first[kept_from]]
+    oldest_start = t[first[kept_from]]
+    elapsed = t - oldest_start
+    full = elapsed // w
+    elapsed = np.where(full < big_n - 1, elapsed + (big_n - 1 - full) * w, elapsed)
+    window = np.maximum(elapsed, 1)
+    observed = total / (window / 1000.0)
+    if bound <= 0:
+        return np.where(observed <= bound, 0, max_throttle_ms).astype(np.int64)
+    raw = (observed - bound) / bound * window
+    rounded = np.floor(np.minimum(raw, float(max_throttle_ms)) + 0.5)  # Math.round, half up
+    out = np.where(observed <= bound, 0, np.clip(rounded, 0, max_throttle_ms))
+    return out.astype(np.int64)
