@@ -38,9 +38,11 @@ if TYPE_CHECKING:
 
 
 def throttles_ms(times_ms: NDArray[np.int64], amounts: NDArray[np.int64], bound: float, window_num: int,
-                 window_size_ms: int, max_throttle_ms: int = MAX_THROTTLE_MS) -> NDArray[np.int64]:
+                 window_size_ms: int, max_throttle_ms: int = MAX_THROTTLE_MS,
+                 kept: NDArray[np.int64] | None = None) -> NDArray[np.int64]:
     """The throttle of each event (``times_ms`` non-decreasing, ``amounts`` whole): see the
-    module docstring."""
+    module docstring. ``kept``: what each event leaves recorded after its check, when that is
+    not its amount (a throttled Fetch un-records its bytes right after, ``KafkaApis``: 0)."""
     import numpy as np
 
     t = np.asarray(times_ms, dtype=np.int64)
@@ -61,7 +63,7 @@ def throttles_ms(times_ms: NDArray[np.int64], amounts: NDArray[np.int64], bound:
     first = np.flatnonzero(opening)  # first event of each sample
     sample = np.cumsum(opening) - 1  # sample of each event
     last_event = np.concatenate([first[1:] - 1, [n - 1]])  # of each sample (the current: its latest so far)
-    prefix = np.concatenate([[0.0], np.cumsum(a)])
+    prefix = np.concatenate([[0.0], np.cumsum(a if kept is None else np.asarray(kept, dtype=np.float64))])
     # Oldest sample not reset, among k − N … k: the first whose last event is within N windows.
     k = sample
     oldest_kept = np.maximum(k - big_n, 0)
@@ -71,7 +73,7 @@ def throttles_ms(times_ms: NDArray[np.int64], amounts: NDArray[np.int64], bound:
         valid = (m >= oldest_kept) & (kept_from == k)
         alive = valid & (t - t[last_event[np.maximum(m, 0)]] < expire)
         kept_from = np.where(alive, m, kept_from)
-    total = prefix[idx + 1] - prefix[first[kept_from]]
+    total = prefix[idx] - prefix[first[kept_from]] + a  # the earlier events' net, and this one's amount
     oldest_start = t[first[kept_from]]
     elapsed = t - oldest_start
     full = elapsed // w

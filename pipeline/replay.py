@@ -47,6 +47,7 @@ from usage.schema import OTHER
 
 from .frames import PandasFrame
 from .kinds import DEMAND, FETCH, MUTATING, PER_WINDOW, PRODUCE, SHARE_FETCH
+from .replay_arrays import run_arrays
 
 if TYPE_CHECKING:
     import numpy as np
@@ -99,23 +100,38 @@ _CHARGES = {**DEMAND, **PER_WINDOW}  # kind → the usage column it charges, and
 
 
 def _demand(rows: PandasFrame) -> dict[tuple[str, str], list[float]]:
-    """(client_id, kind) → [requests, demand] straight from the rows (quota or not)."""
+    """(client_id, kind) → [requests, demand] straight from the rows (quota or not): for each
+    kind, the rows of its APIs with some of its amount."""
+    import numpy as np
+    import pandas as pd
+
+    codes, names = pd.factorize(rows["client_id"])
+    n = len(names)
+    api = rows["api_key"].to_numpy()
+    requests = rows["requests"].to_numpy(np.int64)
     out: dict[tuple[str, str], list[float]] = {}
-    api = rows["api_key"]
     for kind, (column, apis) in _CHARGES.items():
-        on = rows if apis is None else rows[api.isin(sorted(apis))]
-        on = on[on[column] > 0]
-        for client_id, g in on.groupby("client_id", sort=False):
-            out[(client_id, kind)] = [int(g["requests"].sum()), float(g[column].sum())]
-    for client_id, g in rows.groupby("client_id", sort=False):
-        out[(client_id, ANY)] = [int(g["requests"].sum()), float(g["requests"].sum())]
+        amount = rows[column].to_numpy(np.int64)
+        on = amount > 0 if apis is None else np.isin(api, sorted(apis)) & (amount > 0)
+        present = np.bincount(codes[on], minlength=n)
+        asked = np.bincount(codes[on], weights=requests[on], minlength=n)  # whole numbers below 2**53: exact
+        total = np.bincount(codes[on], weights=amount[on], minlength=n)
+        for c in np.flatnonzero(present).tolist():
+            out[(str(names[c]), kind)] = [int(asked[c]), float(total[c])]
+    every = np.bincount(codes, weights=requests, minlength=n)
+    for c in range(n):
+        out[(str(names[c]), ANY)] = [int(every[c]), float(every[c])]
     return out
 
 
-def replay_user(proxy: str, user: str, rows: PandasFrame, config: Config, max_events: int = 10) -> list[ReplayRow]:
+def replay_user(proxy: str, user: str, rows: PandasFrame, config: Config, max_events: int = 10,
+                arrays: bool = True) -> list[ReplayRow]:
     """Replays one (proxy, user)'s usage rows (a pandas DataFrame with ``REPLAY_COLUMNS``;
     interval_start in epoch ms) through fresh engines built from ``config``. Rows out match
-    ``REPLAY_SCHEMA``: every (client id, kind) with demand, and (client id, "(any)")."""
+    ``REPLAY_SCHEMA``: every (client id, kind) with demand, and (client id, "(any)"). With
+    ``arrays`` (the default), the windowed rates are computed per entity over whole arrays
+    (pipeline.replay_arrays); without, every event goes through the engines (:func:`run_events`):
+    the same results, which the tests compare."""
     quotas = quota_manager_for(config)
     producer_ids = producer_id_manager_for(config)
     demand = _demand(rows)
@@ -125,12 +141,13 @@ def replay_user(proxy: str, user: str, rows: PandasFrame, config: Config, max_ev
     limited = {cid: {k for k in _CHARGES if k != PRODUCER_IDS_RATE and quotas.resolve(user, cid, k)}
                for cid in rows["client_id"].unique()}
     if any(limited.values()) or pid_rule:
-        _run_events(user, rows, quotas, producer_ids, limited, pid_rule, held, max_events)
+        run = run_arrays if arrays else run_events
+        run(user, rows, quotas, producer_ids, limited, pid_rule, held, max_events)
     return [(proxy, user, cid, kind, req, amount, *held[(cid, kind)])
             for (cid, kind), (req, amount) in sorted(demand.items())]
 
 
-def _run_events(user: str, rows: PandasFrame, quotas: QuotaManager, producer_ids: ProducerIdQuotaManager,
+def run_events(user: str, rows: PandasFrame, quotas: QuotaManager, producer_ids: ProducerIdQuotaManager,
                 limited: dict[str, set[str]], pid_rule: bool, held: dict[tuple[str, str], list[float]],
                 max_events: int) -> None:
     """Charges every event in time order, in the proxy's filter order; adds to ``held``:
