@@ -36,5 +36,6 @@ DEMAND: dict[str, Demand] = {
 }
 # KIP-936: producer_ids_rate counts new ids per user per producer-id window, not per second.
 PER_WINDOW = {PRODUCER_IDS_RATE: Demand("new_producer_ids", frozenset({PRODUCE}))}
+ANY = "(any)"  # the replay's row of a request held back by any quota
 RATE_KINDS = tuple(DEMAND)
 ALL_KINDS = RATE_KINDS + tuple(PER_WINDOW)

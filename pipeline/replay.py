@@ -46,6 +46,7 @@ from quotas.producer_ids import ProducerIdQuotaManager
 from usage.schema import OTHER
 
 from .frames import PandasFrame
+from .kinds import ANY as ANY
 from .kinds import DEMAND, FETCH, MUTATING, PER_WINDOW, PRODUCE, SHARE_FETCH
 from .replay_arrays import run_arrays
 
@@ -54,7 +55,6 @@ if TYPE_CHECKING:
     from numpy.typing import NDArray
     from pyspark.sql import DataFrame
 
-ANY = "(any)"  # a request held back by any quota
 REPLAY_SCHEMA = (
     "proxy string, user string, client_id string, kind string, requests long, demand double, "
     "throttled_requests long, throttle_time_ms double, rejected_requests long, rejected_amount double"

@@ -30,7 +30,7 @@ from quotas.common import (
 from quotas.producer_ids import ProducerIdQuotaManager
 
 from .frames import PandasFrame
-from .kinds import FETCH, MUTATING, PRODUCE, SHARE_FETCH
+from .kinds import ANY, FETCH, MUTATING, PRODUCE, SHARE_FETCH
 from .rate_arrays import throttles_ms
 
 if TYPE_CHECKING:
@@ -38,7 +38,6 @@ if TYPE_CHECKING:
     from numpy.typing import NDArray
 
 Held = dict[tuple[str, str], list[float]]
-ANY = "(any)"
 
 
 def run_arrays(user: str, rows: PandasFrame, quotas: QuotaManager, producer_ids: ProducerIdQuotaManager,
@@ -95,27 +94,15 @@ def run_arrays(user: str, rows: PandasFrame, quotas: QuotaManager, producer_ids:
         for i in np.flatnonzero(produce & (new_ids > 0)).tolist():
             decision = producer_ids.admit(user, range(next_pid, next_pid + int(new_ids[i])), int(times[i]))
             next_pid += int(new_ids[i])
-            h = held[(names[code[i]], PRODUCER_IDS_RATE)]
-            if decision.throttle_ms:
-                h[0] += int(reqs[i])
-                h[1] += decision.throttle_ms
-            if not decision.admitted:
-                rejected_pid[i] = True
-                h[2] += int(reqs[i])
-                h[3] += float(new_ids[i])
+            rejected_pid[i] = _decided(held[(names[code[i]], PRODUCER_IDS_RATE)], int(reqs[i]), decision.admitted,
+                                       decision.throttle_ms, float(new_ids[i]))
             throttle_any[i] = max(throttle_any[i], decision.throttle_ms)
     mutating = np.isin(apis, sorted(MUTATING))
     for i in np.flatnonzero(charged(CONTROLLER_MUTATION_RATE, mutating, mutations)).tolist():
         cid = names[code[i]]
         decision = quotas.try_admit(user, cid, CONTROLLER_MUTATION_RATE, int(mutations[i]), int(times[i]))
-        h = held[(cid, CONTROLLER_MUTATION_RATE)]
-        if decision.throttle_ms:
-            h[0] += int(reqs[i])
-            h[1] += decision.throttle_ms
-        if not decision.admitted:
-            rejected_any[i] = True
-            h[2] += int(reqs[i])
-            h[3] += float(mutations[i])
+        rejected_any[i] = _decided(held[(cid, CONTROLLER_MUTATION_RATE)], int(reqs[i]), decision.admitted,
+                                   decision.throttle_ms, float(mutations[i]))
         throttle_any[i] = max(throttle_any[i], decision.throttle_ms)
     # consumer_byte_rate: a throttled Fetch is answered empty and its bytes un-recorded
     # (KafkaApis), so what each Fetch leaves recorded depends on the decisions before it.
@@ -155,6 +142,18 @@ def run_arrays(user: str, rows: PandasFrame, quotas: QuotaManager, producer_ids:
         h[1] += int(ms[c])
         h[2] += int(rejected[c])
         h[3] += float(rejected[c])
+
+
+def _decided(h: list[float], requests: int, admitted: bool, throttle_ms: int, amount: float) -> bool:
+    """Adds one decided event to its [throttled requests, throttle ms, rejected requests,
+    rejected amount]; True when it was rejected."""
+    if throttle_ms:
+        h[0] += requests
+        h[1] += throttle_ms
+    if not admitted:
+        h[2] += requests
+        h[3] += amount
+    return not admitted
 
 
 MAX_ROUNDS = 64  # of the fixed point below, before the engine takes over

@@ -210,8 +210,7 @@ async def serve(config: Config, ready_file: str | None, loaded: ConfigFile | Non
     log.info("stopping")
     for task in watching:
         task.cancel()
-    await server.drain(config.workers.drain_timeout_ms / 1000)
-    await server.stop()
+    await server.stop(drain_s=config.workers.drain_timeout_ms / 1000)
     return 0
 
 

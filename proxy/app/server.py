@@ -452,7 +452,10 @@ class ProxyServer:
             log.warning("%d connections still owed responses after %g s: closing them", len(self.connections),
                         timeout_s)
 
-    async def stop(self) -> None:
+    async def stop(self, drain_s: float = 0.0) -> None:
+        """Stops the proxy; with ``drain_s``, a graceful stop (:meth:`drain` first)."""
+        if drain_s:
+            await self.drain(drain_s)
         for task in list(self._tasks):
             task.cancel()
         if self.topic_store is not None:

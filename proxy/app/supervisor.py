@@ -33,8 +33,9 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -118,7 +119,7 @@ class Supervisor:
             await self._spawn(slot)
         self._spawn_task(self._watch_heartbeats())
         deadline = time.monotonic() + wait_s
-        while not all(s.state is not None and s.state.beats for s in self.slots) and time.monotonic() < deadline:
+        while not all(s.state is not None and s.state.serving for s in self.slots) and time.monotonic() < deadline:
             if self.gave_up.is_set():
                 return
             await asyncio.sleep(0.05)
@@ -252,8 +253,8 @@ class Supervisor:
                     state.last_beat_ms = now  # killed once; its exit restarts it
                     process.kill()
 
-    def _spawn_task(self, coro: object) -> None:
-        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
+    def _spawn_task(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -284,7 +285,7 @@ class Supervisor:
         lines = []
         ok = True
         for slot in self.slots:
-            running = (slot.state is not None and slot.state.beats > 0 and slot.process is not None
+            running = (slot.state is not None and slot.state.serving and slot.process is not None
                        and slot.process.returncode is None)
             ok = ok and running
             pid = slot.process.pid if slot.process is not None else "-"
@@ -335,7 +336,7 @@ class _SupervisorCollector:
         s = self._s
         yield GaugeMetricFamily("kqp_workers", "Worker processes configured", value=s.count)
         yield GaugeMetricFamily("kqp_workers_running", "Worker processes running and heartbeating",
-                                value=sum(1 for slot in s.slots if slot.state is not None and slot.state.beats))
+                                value=sum(1 for slot in s.slots if slot.state is not None and slot.state.serving))
         yield CounterMetricFamily("kqp_worker_restarts", "Workers started again after they exited or hung",
                                   value=sum(slot.restarts for slot in s.slots))
         yield GaugeMetricFamily("kqp_connection_quota_ips", "IPs with connections open or a creation rate "

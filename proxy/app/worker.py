@@ -72,20 +72,20 @@ async def run_worker(channel_fd: int, sync_fd: int, log_level: str, log_format: 
     else:
         loop.add_signal_handler(signal.SIGHUP, lambda: None)
     _answer(link, server, str(start["path"]))
+    link.start()  # heartbeats while the server starts (reading the quota topic may take a while)
     try:
         await server.start()
     except OSError as exc:
         log.error("cannot start: %s", exc)
+        await link.stop()
         return 1
-    link.readiness = server.ready
-    link.start()
+    link.readiness = server.ready  # from now on the heartbeats say "serving"
     log.info("worker %d serving (pid %d)", worker_id, os.getpid())
     await stop.wait()
     log.info("stopping: draining connections")
     for task in watching:
         task.cancel()
-    await server.drain(config.workers.drain_timeout_ms / 1000)
-    await server.stop()
+    await server.stop(drain_s=config.workers.drain_timeout_ms / 1000)
     await link.stop()
     channel.close()
     return 0

@@ -57,7 +57,7 @@ class WorkerState:
     worker_id: int
     channel: Channel
     last_beat_ms: int
-    beats: int = 0  # heartbeats received: the first says the worker's loop runs
+    serving: bool = False  # its listeners are up (said by its heartbeats)
     ready: bool = False
     detail: str = "starting"
     admitted: Counter[str] = field(default_factory=Counter)  # ip -> connections open
@@ -114,7 +114,7 @@ class WorkerHub:
         kind = message["t"]
         if kind == "beat":
             state.last_beat_ms = self._clock()
-            state.beats += 1
+            state.serving = bool(message.get("serving", True))
             if "ready" in message:
                 state.ready = bool(message["ready"])
                 state.detail = str(message.get("detail", ""))

@@ -77,7 +77,8 @@ class WorkerLink:
         self._admissions: dict[int, asyncio.Future[Admission]] = {}
         self.handlers: dict[str, Handler] = {}
         self.on_lost: Callable[[], None] = lambda: None
-        self.readiness: Callable[[], tuple[bool, str]] | None = None  # what each heartbeat reports
+        # What each heartbeat reports: None until the worker serves (its loop turns while it starts).
+        self.readiness: Callable[[], tuple[bool, str]] | None = None
         self.members = 1
         self.remote_applied = 0
         self._tasks: list[asyncio.Task[None]] = []
@@ -159,14 +160,18 @@ class WorkerLink:
             if local:
                 self.channel.send({"t": "usage", "entries": [[k, u, c, a] for (k, u, c), a in local]})
 
-    def _usage(self, message: Message) -> None:
-        manager = self._manager
-        members = message.get("members")
-        if manager is None:
-            return
+    def _members(self, members: object) -> None:
+        """The workers sharing usage now (the quota engines pace bursts by them)."""
         if isinstance(members, int) and members != self.members:
             self.members = max(members, 1)
-            manager.set_fleet(self.members, self._sync_interval_ms)
+            if self._manager is not None:
+                self._manager.set_fleet(self.members, self._sync_interval_ms)
+
+    def _usage(self, message: Message) -> None:
+        manager = self._manager
+        self._members(message.get("members"))
+        if manager is None:
+            return
         now = self._clock()
         for kind, user, client_id, amount in message.get("entries", ()):
             if kind == PRODUCER_IDS_RATE:
@@ -180,7 +185,7 @@ class WorkerLink:
 
     async def _beat(self) -> None:
         while True:
-            beat: Message = {"t": "beat"}
+            beat: Message = {"t": "beat", "serving": self.readiness is not None}
             if self.readiness is not None:
                 beat["ready"], beat["detail"] = self.readiness()
             self.channel.send(beat)
@@ -205,7 +210,7 @@ class WorkerLink:
             elif kind in self.handlers:
                 asyncio.get_running_loop().create_task(self._answer(kind, message))
             elif kind == "members":
-                self._usage({"t": "usage", "members": message.get("members")})
+                self._members(message.get("members"))
             else:
                 log.warning("the supervisor sent a message of unknown type %r", kind)
         except (KeyError, TypeError, ValueError) as exc:
