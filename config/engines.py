@@ -5,15 +5,17 @@ from __future__ import annotations
 
 from quotas import QuotaManager
 from quotas.connections import ConnectionLimits
+from quotas.entities import EntityResolver
 from quotas.producer_ids import ProducerIdQuotaManager
 
 from .model import Config, ConnectionsConfig, QuotaWindows
 
 
-def quota_manager_for(config: Config) -> QuotaManager:
+def quota_manager_for(config: Config, resolver: EntityResolver | None = None) -> QuotaManager:
+    """``resolver``: ``config.quotas`` already indexed (the replay builds engines per user)."""
     w = config.quota_windows
     return QuotaManager(
-        config.quotas,
+        resolver or config.quotas,
         quota_window_num=w.quota_window_num,
         quota_window_size_s=w.quota_window_size_seconds,
         controller_quota_window_num=w.controller_quota_window_num,
@@ -23,8 +25,8 @@ def quota_manager_for(config: Config) -> QuotaManager:
     )
 
 
-def producer_id_manager_for(config: Config) -> ProducerIdQuotaManager:
-    return ProducerIdQuotaManager(config.quotas, config.producer_id_quota.settings())
+def producer_id_manager_for(config: Config, resolver: EntityResolver | None = None) -> ProducerIdQuotaManager:
+    return ProducerIdQuotaManager(resolver or config.quotas, config.producer_id_quota.settings())
 
 
 def connection_limits_for(c: ConnectionsConfig, w: QuotaWindows) -> ConnectionLimits:

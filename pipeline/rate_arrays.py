@@ -53,26 +53,17 @@ def throttles_ms(times_ms: NDArray[np.int64], amounts: NDArray[np.int64], bound:
     big_n, w = window_num, window_size_ms
     expire = big_n * w
     idx = np.arange(n, dtype=np.int64)
-    # The walk of sample openings: from an opening event, the first event a window later.
-    next_sample = np.searchsorted(t, t + w, side="left").tolist()
+    first = _sample_openings(t, w)  # first event of each sample
     opening = np.zeros(n, dtype=bool)
-    j = 0
-    while j < n:  # one step per sample, not per event
-        opening[j] = True
-        j = next_sample[j]
-    first = np.flatnonzero(opening)  # first event of each sample
+    opening[first] = True
     sample = np.cumsum(opening) - 1  # sample of each event
-    last_event = np.concatenate([first[1:] - 1, [n - 1]])  # of each sample (the current: its latest so far)
+    last_time = t[np.concatenate([first[1:] - 1, [n - 1]])]  # of each sample's last event (so far, the current)
     prefix = np.concatenate([[0.0], np.cumsum(a if kept is None else np.asarray(kept, dtype=np.float64))])
-    # Oldest sample not reset, among k − N … k: the first whose last event is within N windows.
+    # Oldest sample not reset, among k − N … k − 1 (else k itself): the first whose last event is
+    # within N windows. Samples' last events only grow later, so that is a search, not a scan.
     k = sample
-    oldest_kept = np.maximum(k - big_n, 0)
-    kept_from = k.copy()
-    for d in range(big_n, 0, -1):  # from the oldest candidate to the newest
-        m = k - d
-        valid = (m >= oldest_kept) & (kept_from == k)
-        alive = valid & (t - t[last_event[np.maximum(m, 0)]] < expire)
-        kept_from = np.where(alive, m, kept_from)
+    alive_from = np.searchsorted(last_time, t - expire, side="right")
+    kept_from = np.minimum(np.maximum(alive_from, k - big_n), k)
     total = prefix[idx] - prefix[first[kept_from]] + a  # the earlier events' net, and this one's amount
     oldest_start = t[first[kept_from]]
     elapsed = t - oldest_start
@@ -86,3 +77,18 @@ def throttles_ms(times_ms: NDArray[np.int64], amounts: NDArray[np.int64], bound:
     rounded = np.floor(np.minimum(raw, float(max_throttle_ms)) + 0.5)  # Math.round, half up
     out = np.where(observed <= bound, 0, np.clip(rounded, 0, max_throttle_ms))
     return out.astype(np.int64)
+
+
+def _sample_openings(t: NDArray[np.int64], window_size_ms: int) -> NDArray[np.int64]:
+    """The events that open a sample (``t`` non-decreasing): the first event, then from each
+    opening the first event ``window_size_ms`` or more after it. The walk is followed by
+    doubling its jumps (log2 of the samples rounds over whole arrays), not one step per sample."""
+    import numpy as np
+
+    n = len(t)
+    jump = np.append(np.searchsorted(t, t + window_size_ms, side="left"), n)  # n: past the end, stays
+    walk = np.zeros(1, dtype=np.int64)  # openings 0 … m − 1 of the walk, with jump = m steps
+    while walk[-1] < n:
+        walk = np.concatenate([walk, jump[walk]])
+        jump = jump[jump]
+    return walk[walk < n]

@@ -42,6 +42,7 @@ from quotas.common import (
     PRODUCER_RECORD_RATE,
     REQUEST_RATE,
 )
+from quotas.entities import EntityResolver
 from quotas.producer_ids import ProducerIdQuotaManager
 from usage.schema import OTHER
 
@@ -70,6 +71,12 @@ def candidate(config_yaml: str) -> Config:
     """The configuration a replay applies (parsed once per worker process)."""
     return parse_config(yaml.safe_load(config_yaml), filters=False)  # the proxy's filters: not its to load
 
+
+@lru_cache(maxsize=4)
+def candidate_rules(config_yaml: str) -> EntityResolver:
+    """The candidate's quotas indexed once per worker process: every user's fresh engines share
+    it (indexing thousands of rules per user was most of the replay's time)."""
+    return EntityResolver(candidate(config_yaml).quotas)
 
 
 def events(rows: PandasFrame, max_events: int
@@ -125,15 +132,15 @@ def _demand(rows: PandasFrame) -> dict[tuple[str, str], list[float]]:
 
 
 def replay_user(proxy: str, user: str, rows: PandasFrame, config: Config, max_events: int = 10,
-                arrays: bool = True) -> list[ReplayRow]:
+                arrays: bool = True, rules: EntityResolver | None = None) -> list[ReplayRow]:
     """Replays one (proxy, user)'s usage rows (a pandas DataFrame with ``REPLAY_COLUMNS``;
     interval_start in epoch ms) through fresh engines built from ``config``. Rows out match
     ``REPLAY_SCHEMA``: every (client id, kind) with demand, and (client id, "(any)"). With
     ``arrays`` (the default), the windowed rates are computed per entity over whole arrays
     (pipeline.replay_arrays); without, every event goes through the engines (:func:`run_events`):
-    the same results, which the tests compare."""
-    quotas = quota_manager_for(config)
-    producer_ids = producer_id_manager_for(config)
+    the same results, which the tests compare. ``rules``: ``config.quotas`` already indexed."""
+    quotas = quota_manager_for(config, rules)
+    producer_ids = producer_id_manager_for(config, rules)
     demand = _demand(rows)
     held: dict[tuple[str, str], list[float]] = {key: [0, 0.0, 0, 0.0] for key in demand}
     # Which quotas apply to each client id of this user (the engines answer ADMIT for the rest).
@@ -225,7 +232,8 @@ def replay(usage: DataFrame, config_yaml: str, max_events: int = 10) -> DataFram
         import pandas as pd
 
         pdf = pdf.sort_values(["interval_start", "client_id", "api_key"], kind="stable").reset_index(drop=True)
-        out = replay_user(pdf["proxy"].iloc[0], pdf["user"].iloc[0], pdf, candidate(config_yaml), max_events)
+        out = replay_user(pdf["proxy"].iloc[0], pdf["user"].iloc[0], pdf, candidate(config_yaml), max_events,
+                          rules=candidate_rules(config_yaml))
         return pd.DataFrame(out, columns=[c.split()[0] for c in REPLAY_SCHEMA.split(", ")])
 
     cols = [F.col(c) for c in REPLAY_COLUMNS if c != "interval_start"]

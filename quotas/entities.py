@@ -140,7 +140,8 @@ class _KindRules:
 
 
 class EntityResolver:
-    """Finds the rule for (kind, user, client id). Immutable: build a new one to change rules."""
+    """Finds the rule for (kind, user, client id). Immutable: build a new one to change rules;
+    one resolver may serve any number of engines (the replay builds one per candidate)."""
 
     def __init__(
         self, rules: Iterable[QuotaRule], user_level_only_kinds: Iterable[str] = USER_LEVEL_ONLY_KINDS
@@ -299,3 +300,8 @@ class EntityTable:
             self.evicted_total += excess
             dropped += excess
         return dropped
+
+
+def resolver_of(rules: Iterable[QuotaRule] | EntityResolver) -> EntityResolver:
+    """``rules`` indexed, or the resolver given (immutable, so shared as it is)."""
+    return rules if isinstance(rules, EntityResolver) else EntityResolver(rules)

@@ -38,6 +38,7 @@ from quotas.entities import (
     EntityTable,
     QuotaRule,
     ResolvedQuota,
+    resolver_of,
 )
 from quotas.entity_state import BucketState, EntityState, EntityStats, KindCounters, RateState
 from quotas.rate import WindowedRate
@@ -57,7 +58,7 @@ class QuotaManager:
 
     def __init__(
         self,
-        rules: Iterable[QuotaRule] = (),
+        rules: Iterable[QuotaRule] | EntityResolver = (),
         *,
         quota_window_num: int = 11,
         quota_window_size_s: float = 1,
@@ -78,7 +79,7 @@ class QuotaManager:
         self._table = EntityTable(idle_ms, max_entities)
         self._cache: dict[tuple[str, str, str], EntityState | None] = {}
         self._cache_max = max_cached_resolutions or 4 * max_entities
-        self._resolver = EntityResolver(rules)
+        self._resolver = resolver_of(rules)
         self._throttled = dict.fromkeys(RATE_KINDS | TOKEN_BUCKET_KINDS, 0)
         self._rejected = dict.fromkeys(TOKEN_BUCKET_KINDS, 0)
         self._shadow_throttled = dict.fromkeys(RATE_KINDS | TOKEN_BUCKET_KINDS, 0)
@@ -94,11 +95,11 @@ class QuotaManager:
     def rules(self) -> tuple[QuotaRule, ...]:
         return self._resolver.rules
 
-    def replace_rules(self, rules: Iterable[QuotaRule]) -> None:
+    def replace_rules(self, rules: Iterable[QuotaRule] | EntityResolver) -> None:
         """New rules (SIGHUP reload). An entity that still has a quota keeps its state (rate
         samples, tokens) under the new bound, as Kafka updates a live sensor's MetricConfig;
         entities that no longer have one are dropped. Raises ValueError, keeping the old rules."""
-        resolver = EntityResolver(rules)
+        resolver = resolver_of(rules)
         self._resolver = resolver
         self._cache.clear()
         for key, state in self._table.items():

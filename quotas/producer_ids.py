@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 from quotas.bloom import MAX_LAYER_IDS, BloomShape, LayeredBloomFilter, LayerPolicy, shape_for
 from quotas.common import ADMIT, MAX_THROTTLE_MS, PRODUCER_IDS_RATE, Decision, ShadowDecision
-from quotas.entities import EntityResolver, QuotaRule, ResolvedQuota
+from quotas.entities import EntityResolver, QuotaRule, ResolvedQuota, resolver_of
 from quotas.rate import WindowedRate
 
 # A layer sized for fewer ids is mostly overhead, and with a small quota the ids of long-lived
@@ -174,7 +174,8 @@ class _UserState:
 class ProducerIdQuotaManager:
     """Admits or rejects the new producer ids of each Produce request, per user."""
 
-    def __init__(self, rules: Iterable[QuotaRule] = (), settings: ProducerIdSettings | None = None) -> None:
+    def __init__(self, rules: Iterable[QuotaRule] | EntityResolver = (),
+                 settings: ProducerIdSettings | None = None) -> None:
         self.settings = settings or ProducerIdSettings()
         self._users: dict[str, _UserState] = {}
         self._due: list[tuple[int, str]] = []  # (when to look at the user's layers again, user)
@@ -192,9 +193,9 @@ class ProducerIdQuotaManager:
         # briefly) rather than after it, when its old ids would count as new again.
         return max(1, self.settings.window_ms - 1)
 
-    def replace_rules(self, rules: Iterable[QuotaRule]) -> None:
+    def replace_rules(self, rules: Iterable[QuotaRule] | EntityResolver) -> None:
         """New rules: users that keep a quota keep their ids and tokens; the others are dropped."""
-        self._resolver = EntityResolver(rules)
+        self._resolver = resolver_of(rules)
         # Whether any producer_ids_rate rule exists (no rule: nothing to scan for); read per
         # Produce request, so kept as a plain attribute.
         self.active = PRODUCER_IDS_RATE in self._resolver.kinds()

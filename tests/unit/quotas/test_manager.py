@@ -305,3 +305,14 @@ def test_manager_equals_one_engine_per_resolved_entity(rules, ops):
             if engine is not None:
                 expected = engine.record_and_throttle_at(amount, now)
         assert got == expected
+
+
+def test_managers_sharing_one_resolver_keep_their_own_state():
+    # The replay builds fresh engines per user over one resolver per candidate.
+    rules = EntityResolver([QuotaRule(None, DEFAULT, {REQUEST_RATE: 10})])
+    busy, fresh = QuotaManager(rules), QuotaManager(rules)
+    assert busy.rules is fresh.rules
+    assert busy.check_and_record("u", "c", REQUEST_RATE, 1_000, 0).throttle_ms > 0
+    assert fresh.check_and_record("u", "c", REQUEST_RATE, 1, 0).throttle_ms == 0
+    busy.replace_rules(EntityResolver([QuotaRule(None, DEFAULT, {REQUEST_RATE: 1e9})]))
+    assert fresh.resolve("u", "c", REQUEST_RATE).quota == 10  # one manager's reload is its own
