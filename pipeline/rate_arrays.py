@@ -24,11 +24,14 @@ Kafka's):
   is newer than the reset one and, being less than ``N × window`` old, still kept.
 - **Rate** = total / window, window = now − oldest start, raised to ``N − 1`` whole windows and
   at least 1 ms; throttle = Math.round((rate − bound) / bound × window), capped.
+
+Everything but the total depends on the times alone (:func:`sample_windows`), so the kinds that
+charge the same events, and every round of the replay's un-recording fixed point, share it.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from quotas.common import MAX_THROTTLE_MS
 
@@ -37,39 +40,53 @@ if TYPE_CHECKING:
     from numpy.typing import NDArray
 
 
-def throttles_ms(times_ms: NDArray[np.int64], amounts: NDArray[np.int64], bound: float, window_num: int,
-                 window_size_ms: int, max_throttle_ms: int = MAX_THROTTLE_MS,
-                 kept: NDArray[np.int64] | None = None) -> NDArray[np.int64]:
-    """The throttle of each event (``times_ms`` non-decreasing, ``amounts`` whole): see the
-    module docstring. ``kept``: what each event leaves recorded after its check, when that is
-    not its amount (a throttled Fetch un-records its bytes right after, ``KafkaApis``: 0)."""
+class SampleWindows(NamedTuple):
+    """What the windowed rate measures each event over, from the event times alone."""
+
+    oldest: NDArray[np.int64]  # each event's first event of the oldest sample kept
+    window_ms: NDArray[np.int64]  # each event's rate window (at least 1 ms)
+
+
+def sample_windows(times_ms: NDArray[np.int64], window_num: int, window_size_ms: int) -> SampleWindows:
+    """The samples of events at ``times_ms`` (non-decreasing, not empty): see the module docstring."""
     import numpy as np
 
     t = np.asarray(times_ms, dtype=np.int64)
     n = len(t)
-    if n == 0:
-        return np.zeros(0, dtype=np.int64)
-    a = np.asarray(amounts, dtype=np.float64)
     big_n, w = window_num, window_size_ms
-    expire = big_n * w
-    idx = np.arange(n, dtype=np.int64)
     first = _sample_openings(t, w)  # first event of each sample
     opening = np.zeros(n, dtype=bool)
     opening[first] = True
-    sample = np.cumsum(opening) - 1  # sample of each event
+    k = np.cumsum(opening) - 1  # sample of each event
     last_time = t[np.concatenate([first[1:] - 1, [n - 1]])]  # of each sample's last event (so far, the current)
-    prefix = np.concatenate([[0.0], np.cumsum(a if kept is None else np.asarray(kept, dtype=np.float64))])
     # Oldest sample not reset, among k − N … k − 1 (else k itself): the first whose last event is
     # within N windows. Samples' last events only grow later, so that is a search, not a scan.
-    k = sample
-    alive_from = np.searchsorted(last_time, t - expire, side="right")
-    kept_from = np.minimum(np.maximum(alive_from, k - big_n), k)
-    total = prefix[idx] - prefix[first[kept_from]] + a  # the earlier events' net, and this one's amount
-    oldest_start = t[first[kept_from]]
-    elapsed = t - oldest_start
+    alive_from = np.searchsorted(last_time, t - big_n * w, side="right")
+    oldest = first[np.minimum(np.maximum(alive_from, k - big_n), k)]
+    elapsed = t - t[oldest]
     full = elapsed // w
     elapsed = np.where(full < big_n - 1, elapsed + (big_n - 1 - full) * w, elapsed)
-    window = np.maximum(elapsed, 1)
+    return SampleWindows(oldest, np.maximum(elapsed, 1))
+
+
+def throttles_ms(times_ms: NDArray[np.int64], amounts: NDArray[np.int64], bound: float, window_num: int,
+                 window_size_ms: int, max_throttle_ms: int = MAX_THROTTLE_MS,
+                 kept: NDArray[np.int64] | None = None, windows: SampleWindows | None = None) -> NDArray[np.int64]:
+    """The throttle of each event (``times_ms`` non-decreasing, ``amounts`` whole): see the
+    module docstring. ``kept``: what each event leaves recorded after its check, when that is
+    not its amount (a throttled Fetch un-records its bytes right after, ``KafkaApis``: 0).
+    ``windows``: :func:`sample_windows` of these times, when already known."""
+    import numpy as np
+
+    n = len(times_ms)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    if windows is None:
+        windows = sample_windows(times_ms, window_num, window_size_ms)
+    a = np.asarray(amounts, dtype=np.float64)
+    prefix = np.concatenate([[0.0], np.cumsum(a if kept is None else np.asarray(kept, dtype=np.float64))])
+    total = prefix[:-1] - prefix[windows.oldest] + a  # the earlier events' net, and this one's amount
+    window = windows.window_ms
     observed = total / (window / 1000.0)
     if bound <= 0:
         return np.where(observed <= bound, 0, max_throttle_ms).astype(np.int64)

@@ -31,7 +31,7 @@ from quotas.producer_ids import ProducerIdQuotaManager
 
 from .frames import PandasFrame
 from .kinds import ANY, FETCH, MUTATING, PRODUCE, SHARE_FETCH
-from .rate_arrays import throttles_ms
+from .rate_arrays import SampleWindows, sample_windows, throttles_ms
 
 if TYPE_CHECKING:
     import numpy as np
@@ -66,11 +66,15 @@ def run_arrays(user: str, rows: PandasFrame, quotas: QuotaManager, producer_ids:
         limits = np.array([kind in limited[n] for n in names], dtype=bool)[code]
         return np.asarray(on & limits if amounts is None else on & (amounts > 0) & limits, dtype=bool)
 
+    def present(where: NDArray[np.bool_]) -> list[int]:
+        """The client ids (codes) with an event ``where``."""
+        return np.flatnonzero(np.bincount(code[where], minlength=len(names))).tolist()
+
     def hold(kind: str, where: NDArray[np.bool_], throttle: NDArray[np.int64]) -> None:
         hit = where & (throttle > 0)
         requests = np.bincount(code[hit], weights=reqs[hit], minlength=len(names))
         ms = np.bincount(code[hit], weights=throttle[hit], minlength=len(names))
-        for c in np.unique(code[where]).tolist():
+        for c in present(where):
             h = held[(names[c], kind)]
             h[0] += int(requests[c])
             h[1] += int(ms[c])
@@ -78,7 +82,7 @@ def run_arrays(user: str, rows: PandasFrame, quotas: QuotaManager, producer_ids:
     def entities(kind: str, where: NDArray[np.bool_]) -> list[tuple[NDArray[np.bool_], float]]:
         """The events ``where`` of each entity ``kind`` charges, and its bound."""
         members: dict[object, tuple[list[int], float]] = {}
-        for c in np.unique(code[where]).tolist():
+        for c in present(where):
             resolved = quotas.resolve(user, names[c], kind)
             assert resolved is not None  # limited holds only the kinds a rule gives
             members.setdefault(resolved.key, ([], resolved.quota))[0].append(c)
@@ -86,6 +90,15 @@ def run_arrays(user: str, rows: PandasFrame, quotas: QuotaManager, producer_ids:
 
     def max_ms(kind: str) -> int:
         return quotas.request_max_throttle_ms if kind == REQUEST_RATE else MAX_THROTTLE_MS
+
+    known: dict[bytes, SampleWindows] = {}
+
+    def windows(mine: NDArray[np.bool_]) -> SampleWindows:
+        """The samples of the events ``mine``, shared by every kind that charges just those."""
+        key = np.packbits(mine).tobytes()
+        if key not in known:
+            known[key] = sample_windows(times[mine], quotas.quota_window_num, quotas.quota_window_size_ms)
+        return known[key]
 
     # -- first what later charges depend on -------------------------------------------------
     rejected_pid = np.zeros(n_events, dtype=bool)
@@ -109,7 +122,7 @@ def run_arrays(user: str, rows: PandasFrame, quotas: QuotaManager, producer_ids:
     where = charged(CONSUMER_BYTE_RATE, fetches, resp_bytes)
     throttle = np.zeros(n_events, dtype=np.int64)
     for mine, quota in entities(CONSUMER_BYTE_RATE, where):
-        throttle[mine] = _unrecording(times[mine], resp_bytes[mine], fetch[mine], quota, quotas)
+        throttle[mine] = _unrecording(times[mine], resp_bytes[mine], fetch[mine], quota, quotas, windows(mine))
     hold(CONSUMER_BYTE_RATE, where, throttle)
     np.maximum(throttle_any, throttle, out=throttle_any)
     emptied = (throttle > 0) & fetch
@@ -128,7 +141,7 @@ def run_arrays(user: str, rows: PandasFrame, quotas: QuotaManager, producer_ids:
         throttle = np.zeros(n_events, dtype=np.int64)
         for mine, quota in entities(kind, where):
             throttle[mine] = throttles_ms(times[mine], amounts[mine], quota, quotas.quota_window_num,
-                                          quotas.quota_window_size_ms, max_ms(kind))
+                                          quotas.quota_window_size_ms, max_ms(kind), windows=windows(mine))
         hold(kind, where, throttle)
         np.maximum(throttle_any, throttle, out=throttle_any)
 
@@ -136,7 +149,7 @@ def run_arrays(user: str, rows: PandasFrame, quotas: QuotaManager, producer_ids:
     throttled = np.bincount(code, weights=np.where(throttle_any > 0, reqs, 0), minlength=len(names))
     ms = np.bincount(code, weights=throttle_any, minlength=len(names))
     rejected = np.bincount(code, weights=np.where(rejected_any, reqs, 0), minlength=len(names))
-    for c in np.unique(code).tolist():
+    for c in range(len(names)):  # every client id of the rows has events
         h = held[(names[c], ANY)]
         h[0] += int(throttled[c])
         h[1] += int(ms[c])
@@ -160,7 +173,7 @@ MAX_ROUNDS = 64  # of the fixed point below, before the engine takes over
 
 
 def _unrecording(times: NDArray[np.int64], amounts: NDArray[np.int64], fetch: NDArray[np.bool_], quota: float,
-                 quotas: QuotaManager) -> NDArray[np.int64]:
+                 quotas: QuotaManager, windows: SampleWindows) -> NDArray[np.int64]:
     """One ``consumer_byte_rate`` entity's throttles, a throttled Fetch taking its bytes back.
 
     What each event leaves recorded is the unique solution of "0 for a throttled Fetch, its
@@ -173,7 +186,7 @@ def _unrecording(times: NDArray[np.int64], amounts: NDArray[np.int64], fetch: ND
     kept = amounts
     for _ in range(MAX_ROUNDS):
         throttle = throttles_ms(times, amounts, quota, quotas.quota_window_num, quotas.quota_window_size_ms,
-                                kept=kept)
+                                kept=kept, windows=windows)
         answer = np.where((throttle > 0) & fetch, 0, amounts)
         if np.array_equal(answer, kept):
             return throttle
