@@ -20,10 +20,12 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from pipeline.generate import generate
 from pipeline.report import Options, run_report
 from pipeline.spark import spark_session
+from pipeline.spark_metrics import StepMetrics, latest_log, per_step
 
 RESULTS = Path(__file__).resolve().parent / "results" / "pipeline.json"
 MONTH_ROWS = 1000 * 30 * 24 * 360  # 1,000 principals, one row per 10-s interval, 30 days
@@ -41,8 +43,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="kqp-bench-pipeline-"))
-    spark = spark_session(args.master, driver_memory=args.driver_memory)
-    runs = []
+    events = work / "spark-events"
+    spark = spark_session(args.master, driver_memory=args.driver_memory, console_progress=False, event_log=events)
+    app_id = spark.sparkContext.applicationId
+    runs: list[dict[str, Any]] = []
+    before: dict[str, StepMetrics] = {}
     try:
         for hours in (float(h) for h in args.hours.split(",")):
             usage = work / f"usage-{hours:g}h"
@@ -54,11 +59,16 @@ def main(argv: list[str] | None = None) -> int:
                                         max_events=args.max_events, replay=args.replay), spark)
             total_s = time.perf_counter() - t
             steps = {k: round(v, 2) for k, v in result.seconds.items()}
+            log = latest_log(events, app_id)
+            totals = per_step(log) if log else {}
+            spark_steps = {k: _minus(m, before.get(k)) for k, m in totals.items()}
+            before = totals
             runs.append({"hours": hours, "rows": rows, "generate_s": round(generated_s, 2),
                          "report_s": round(total_s, 2), "rows_per_s": round(rows / total_s),
-                         "steps_s": steps})
+                         "steps_s": steps, "spark": spark_steps})
             print(f"{hours:>5g} h  {rows:>11,} rows  report {total_s:7.1f} s  {rows / total_s:>10,.0f} rows/s  "
                   f"(generate {generated_s:.1f} s)", flush=True)
+            _where_time_goes(steps, spark_steps)
             shutil.rmtree(usage, ignore_errors=True)
     finally:
         spark.stop()
@@ -80,6 +90,25 @@ def main(argv: list[str] | None = None) -> int:
                                     "python": platform.python_version()}, indent=2))
     print(f"results: {args.out}")
     return 0
+
+
+
+def _minus(now: StepMetrics, then: StepMetrics | None) -> dict[str, float]:
+    """This run's share of a step's metrics (the session's event log holds every run so far)."""
+    a, b = now.as_dict(), (then.as_dict() if then else {})
+    return {k: round(v - b.get(k, 0), 2) for k, v in a.items()}
+
+
+def _where_time_goes(steps: dict[str, float], spark_steps: dict[str, dict[str, float]]) -> None:
+    """Per step: wall seconds, and Spark's task metrics for it (from the event log)."""
+    print(f"        {'step':<10} {'wall s':>7} {'stages':>6} {'tasks':>6} {'task s':>7} {'JVM CPU s':>9} "
+          f"{'GC s':>5} {'rows read':>12} {'shuffle MB':>10}")
+    for step, wall in steps.items():
+        m = spark_steps.get(step, {})
+        print(f"        {step:<10} {wall:>7.1f} {m.get('stages', 0):>6.0f} {m.get('tasks', 0):>6.0f} "
+              f"{m.get('task_s', 0):>7.1f} {m.get('cpu_s', 0):>9.1f} {m.get('gc_s', 0):>5.1f} "
+              f"{m.get('input_rows', 0):>12,.0f} {m.get('shuffle_write_bytes', 0) / 1e6:>10.1f}", flush=True)
+
 
 
 if __name__ == "__main__":

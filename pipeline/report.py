@@ -61,6 +61,7 @@ class Progress:
         self.stream = stream  # None: sys.stderr as it is when a line is printed
         self.started = time.monotonic()
         self.seconds: dict[str, float] = {}
+        self.spark: SparkSession | None = None  # once started: each step's jobs in a job group of its own
 
     def print(self, line: str) -> None:
         if not self.quiet:
@@ -79,6 +80,10 @@ class _Timed:
 
     def __enter__(self) -> None:
         self.t = time.monotonic()
+        if self.progress.spark is not None:
+            from .spark_metrics import step_group
+
+            step_group(self.progress.spark, self.key, self.key)
 
     def __exit__(self, *exc: object) -> None:
         took = time.monotonic() - self.t
@@ -157,6 +162,7 @@ def _report(opts: Options, inputs: Inputs, spark: SparkSession | None, progress:
         spark = spark or spark_session(opts.master, shuffle_partitions=opts.shuffle_partitions,
                                        driver_memory=opts.driver_memory,
                                        console_progress=not opts.quiet and opts.spark_log is None)
+    progress.spark = spark
     from pyspark.sql import functions as F
 
     with spark_errors():
@@ -278,6 +284,9 @@ def _report(opts: Options, inputs: Inputs, spark: SparkSession | None, progress:
                       if replayed is not None else [])],
             recommended_yaml=text, quota_table=glance.quota_table(recommended, talkers), glance_charts=glance_charts)
     result.seconds = progress.seconds
+    from .spark_metrics import no_step
+
+    no_step(spark)
     return result
 
 

@@ -26,9 +26,10 @@ _PACKAGES = ("config", "quotas", "pipeline", "protocol", "usage")
 
 def spark_session(master: str = "local[*]", app_name: str = "kafka-quota-proxy report",
                   shuffle_partitions: int | None = None, driver_memory: str | None = None,
-                  console_progress: bool = True) -> SparkSession:
+                  console_progress: bool = True, event_log: Path | None = None) -> SparkSession:
     """A session on ``master``. Locally the workers run this interpreter; on a cluster the
-    project's packages are shipped to the executors (their Python needs pandas and pyarrow)."""
+    project's packages are shipped to the executors (their Python needs pandas and pyarrow).
+    ``event_log``: a directory for Spark's event log (what :mod:`.spark_metrics` reads)."""
     from pyspark.sql import SparkSession
 
     local = master.startswith("local")
@@ -52,6 +53,10 @@ def spark_session(master: str = "local[*]", app_name: str = "kafka-quota-proxy r
         builder = builder.config("spark.sql.shuffle.partitions", str(shuffle_partitions or 2 * (os.cpu_count() or 2)))
     if driver_memory:
         builder = builder.config("spark.driver.memory", driver_memory)
+    if event_log is not None:
+        from .spark_metrics import enable_event_log
+
+        builder = enable_event_log(builder, event_log)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     if not local:
