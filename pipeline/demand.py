@@ -61,7 +61,8 @@ def _long(intervals: DataFrame) -> DataFrame:
 
 def producer_id_windows(usage: DataFrame, window_s: float) -> DataFrame:
     """New producer ids per (proxy, user, window), windows of ``window_s`` from the epoch
-    (tumbling: a burst across a window edge is split; the quota's own window slides)."""
+    (tumbling: a burst across a window edge is split; the quota's own window slides), from usage
+    rows or :func:`interval_demand`'s (the same sums)."""
     from pyspark.sql import functions as F
 
     start = F.floor(F.unix_timestamp("interval_start") / window_s) * window_s

@@ -17,7 +17,7 @@ bucket holds a burst of quota × samples × window and needs no such allowance.)
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +30,7 @@ from usage.schema import OTHER
 
 from .demand import PRINCIPAL, _long
 from .frames import PandasFrame
+from .groups import per_group
 from .kinds import ALL_KINDS, PER_WINDOW
 
 if TYPE_CHECKING:
@@ -74,29 +75,30 @@ def recommendations(intervals: DataFrame, pid_windows: DataFrame, share: float, 
     per-window kinds). The (other) overflow row gets none."""
     from pyspark.sql import functions as F
 
-    def per_group(pdf: PandasFrame) -> PandasFrame:
-        import pandas as pd
+    def build() -> Callable[[PandasFrame], list[tuple[object, ...]]]:
+        return lambda rows: [_recommend(rows, share, headroom, measured_over_s)]
 
-        q = admitting(pdf["rate"].to_numpy(), pdf["interval_seconds"].to_numpy(), share)
-        kind = pdf["kind"].iloc[0]
-        requests = float(pdf["requests"].sum())
-        allowance = 0.0
-        if kind in WINDOWED_RATE_KINDS and requests > 0:
-            allowance = float(pdf["amount"].sum()) / requests / measured_over_s
-        return pd.DataFrame({"user": [pdf["user"].iloc[0]], "client_id": [pdf["client_id"].iloc[0]],
-                             "kind": [kind], "admitting": [q], "per_request": [allowance],
-                             "recommended": [recommended_value(q + allowance, headroom)]})
-
-    rates = (_long(intervals).where(F.col("user") != OTHER)
-             .select(*PRINCIPAL, "kind", "rate", "interval_seconds", "amount", "requests")
-             .groupBy(*PRINCIPAL, "kind").applyInPandas(per_group, RECOMMENDED_SCHEMA))
+    columns = (*PRINCIPAL, "kind", "rate", "interval_seconds", "amount", "requests")
+    rates = _long(intervals).where(F.col("user") != OTHER).select(*columns)
     (pid_kind,) = PER_WINDOW
     pids = (pid_windows.where(F.col("user") != OTHER)
             .select("user", F.lit("").alias("client_id"), F.lit(pid_kind).alias("kind"),
                     F.col("amount").alias("rate"), F.lit(1.0).alias("interval_seconds"),
-                    F.col("amount"), F.lit(0.0).alias("requests"))
-            .groupBy("user").applyInPandas(per_group, RECOMMENDED_SCHEMA))
-    return rates.unionByName(pids)
+                    F.col("amount"), F.lit(0.0).alias("requests")))
+    tasks = 2 * intervals.sparkSession.sparkContext.defaultParallelism
+    return per_group(rates.unionByName(pids), (*PRINCIPAL, "kind"), (), tasks, build, RECOMMENDED_SCHEMA)
+
+
+def _recommend(rows: PandasFrame, share: float, headroom: float, measured_over_s: float) -> tuple[object, ...]:
+    """One (user, client_id, kind)'s row of ``RECOMMENDED_SCHEMA`` from its samples."""
+    q = admitting(rows["rate"].to_numpy(), rows["interval_seconds"].to_numpy(), share)
+    kind = rows["kind"].iat[0]
+    requests = float(rows["requests"].sum())
+    allowance = 0.0
+    if kind in WINDOWED_RATE_KINDS and requests > 0:
+        allowance = float(rows["amount"].sum()) / requests / measured_over_s
+    return (rows["user"].iat[0], rows["client_id"].iat[0], kind, q, allowance,
+            recommended_value(q + allowance, headroom))
 
 
 def entity_key(user: str, client_id: str, kind: str) -> EntityKey | None:

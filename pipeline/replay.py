@@ -2,8 +2,8 @@
 proxy's own engines (``quotas.QuotaManager``, ``quotas.producer_ids.ProducerIdQuotaManager``,
 built by ``config.engines`` exactly as the proxy builds them).
 
-Each (proxy, user)'s usage rows are replayed in time order, in one group (state per user and
-per (user, client id) lives in the same engines, as in the proxy). A row's requests are spread
+Each (proxy, user)'s usage rows are replayed in time order, all through one set of fresh engines
+(state per user and per (user, client id) lives in the same engines, as in the proxy). A row's requests are spread
 evenly over its interval as up to ``max_events`` events that split its amounts; each event is
 charged as the proxy charges a request, in the proxy's filter order:
 
@@ -23,6 +23,7 @@ not how the clients would have reacted.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
@@ -47,6 +48,7 @@ from quotas.producer_ids import ProducerIdQuotaManager
 from usage.schema import OTHER
 
 from .frames import PandasFrame
+from .groups import per_group
 from .kinds import ANY as ANY
 from .kinds import DEMAND, FETCH, MUTATING, PER_WINDOW, PRODUCE, SHARE_FETCH
 from .replay_arrays import run_arrays
@@ -222,22 +224,27 @@ def run_events(user: str, rows: PandasFrame, quotas: QuotaManager, producer_ids:
         hold(cid, ANY, n, throttle, float(n) if rejected else 0.0)
 
 
-def replay(usage: DataFrame, config_yaml: str, max_events: int = 10) -> DataFrame:
-    """The replay as a DataFrame (``REPLAY_SCHEMA``): one group per (proxy, user), in parallel."""
+ROWS_PER_TASK = 2_000_000  # of usage per replay task, at most (each task streams its users one by one)
+EVENT_ORDER = ("interval_start", "client_id", "api_key")  # of one user's rows, as replay_user takes them
+
+
+def replay(usage: DataFrame, config_yaml: str, max_events: int = 10, rows: int | None = None) -> DataFrame:
+    """The replay as a DataFrame (``REPLAY_SCHEMA``): the (proxy, user)s spread over tasks (at
+    least two per core of the session, more for a large log: ``rows`` of usage), each user's
+    rows sorted by Spark and replayed whole (:func:`pipeline.groups.per_group`), one user at a
+    time in a worker's memory."""
     from pyspark.sql import functions as F
 
     candidate(config_yaml)  # a bad file fails here, on the driver, not in every task
+    tasks = max(2 * usage.sparkSession.sparkContext.defaultParallelism, -(-(rows or 0) // ROWS_PER_TASK))
 
-    def per_user(pdf: PandasFrame) -> PandasFrame:
-        import pandas as pd
-
-        pdf = pdf.sort_values(["interval_start", "client_id", "api_key"], kind="stable").reset_index(drop=True)
-        out = replay_user(pdf["proxy"].iloc[0], pdf["user"].iloc[0], pdf, candidate(config_yaml), max_events,
-                          rules=candidate_rules(config_yaml))
-        return pd.DataFrame(out, columns=[c.split()[0] for c in REPLAY_SCHEMA.split(", ")])
+    def build() -> Callable[[PandasFrame], list[ReplayRow]]:
+        config, rules = candidate(config_yaml), candidate_rules(config_yaml)
+        return lambda rows: replay_user(rows["proxy"].iat[0], rows["user"].iat[0], rows, config, max_events,
+                                        rules=rules)
 
     cols = [F.col(c) for c in REPLAY_COLUMNS if c != "interval_start"]
     # An (other) row sums many principals: no single entity's quota applies to it.
-    return (usage.where(F.col("user") != OTHER)
-            .select("proxy", "user", F.unix_millis("interval_start").alias("interval_start"), *cols)
-            .groupBy("proxy", "user").applyInPandas(per_user, REPLAY_SCHEMA))
+    return per_group(usage.where(F.col("user") != OTHER)
+                     .select("proxy", "user", F.unix_millis("interval_start").alias("interval_start"), *cols),
+                     ("proxy", "user"), EVENT_ORDER, tasks, build, REPLAY_SCHEMA)

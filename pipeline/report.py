@@ -184,7 +184,7 @@ def _report(opts: Options, inputs: Inputs, spark: SparkSession | None, progress:
 
         with progress.step("demand", "demand per principal and interval; percentiles, throttling, top talkers"):
             intervals = demand.interval_demand(usage).cache()
-            pid_windows = demand.producer_id_windows(usage, window_s).cache()
+            pid_windows = demand.producer_id_windows(intervals, window_s).cache()  # not another scan
             # toPandas() is typed with pandas' DataFrame, which the checker cannot see: PandasFrame.
             percentiles: PandasFrame = demand.demand_percentiles(intervals, pid_windows, QUANTILES) \
                 .orderBy("kind", "user", "client_id").toPandas()
@@ -230,7 +230,7 @@ def _report(opts: Options, inputs: Inputs, spark: SparkSession | None, progress:
                 "replay",
                 f"replaying {'the candidate ' + str(opts.candidate) if opts.candidate else 'the recommended quotas'}"
             ):
-                replayed = replay(usage, candidate_text or text, opts.max_events) \
+                replayed = replay(usage, candidate_text or text, opts.max_events, rows=stats.rows) \
                     .orderBy("proxy", "user", "client_id", "kind").toPandas()
                 replayed["outlier"] = outlier_rows(replayed, flags)
                 result.files["replay"] = _csv(replayed, out / "replay.csv")
