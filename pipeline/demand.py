@@ -1,5 +1,7 @@
-"""Per-principal demand from the usage log, with the DataFrame API only (nothing raw reaches the
-driver): per-interval rates for each quota kind, their percentiles, throttling, top talkers.
+"""Per-principal demand from the usage log: per-interval amounts for each quota kind, with the
+DataFrame API (nothing raw reaches the driver), and the per-principal tables (throttling, shadow
+mode, top talkers) from one aggregate row per principal. Each kind's percentiles come with its
+recommendation, in one pass over its samples (pipeline.recommend).
 
 A principal is (user, client id), Kafka's finest quota entity. Each proxy enforces its own
 quotas, so a sample is one principal's demand at one proxy in one interval.
@@ -7,16 +9,15 @@ quotas, so a sample is one principal's demand at one proxy in one interval.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from quotas.common import CONTROLLER_MUTATION_RATE, REQUEST_RATE
 
-from .frames import PandasFrame
-from .kinds import DEMAND, PER_WINDOW, RATE_KINDS
+from .frames import PandasFrame, PandasSeries
+from .kinds import DEMAND, RATE_KINDS
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, Row
+    from pyspark.sql import DataFrame
 
 PRINCIPAL = ("user", "client_id")
 Span = tuple[float, float, float]  # (first bucket, last bucket, bucket seconds), in epoch seconds
@@ -71,114 +72,117 @@ def producer_id_windows(usage: DataFrame, window_s: float) -> DataFrame:
             .agg(F.sum("new_producer_ids").cast("double").alias("amount")))
 
 
-def demand_percentiles(intervals: DataFrame, pid_windows: DataFrame, quantiles: Sequence[float] = (0.5, 0.95, 0.99),
-                       accuracy: int = 10_000) -> DataFrame:
-    """Per (user, client_id, kind): samples, total, mean, the quantiles and the max of the
-    per-second rate over the intervals in which the principal used that kind (for
-    producer_ids_rate: new ids per window, per user, client_id "")."""
+def per_principal(intervals: DataFrame) -> DataFrame:
+    """One row per (user, client_id), every sum the per-principal tables need, in one pass over
+    the intervals: requests, active seconds, throttling and shadow throttling, bytes, partition
+    mutations, new producer ids, and per rate kind ``<kind>__requests`` (the requests of the APIs
+    that kind charges, whether it had any demand of the kind or not)."""
     from pyspark.sql import functions as F
 
-    q = F.percentile_approx("rate", list(quantiles), accuracy)
-    rates = (_long(intervals).groupBy(*PRINCIPAL, "kind")
-             .agg(F.count("*").alias("samples"), F.sum("amount").alias("total"), F.avg("rate").alias("mean"),
-                  q.alias("q"), F.max("rate").alias("max")))
-    (pid_kind,) = PER_WINDOW
-    pids = (pid_windows.withColumn("rate", F.col("amount"))
-            .groupBy("user").agg(F.count("*").alias("samples"), F.sum("amount").alias("total"),
-                                 F.avg("rate").alias("mean"), q.alias("q"), F.max("rate").alias("max"))
-            .select("user", F.lit("").alias("client_id"), F.lit(pid_kind).alias("kind"),
-                    "samples", "total", "mean", "q", "max"))
-    both = rates.unionByName(pids)
-    cols = [F.col("q")[i].alias(f"p{_label(x)}") for i, x in enumerate(quantiles)]
-    return both.select(*PRINCIPAL, "kind", "samples", "total", "mean", *cols, "max")
-
-
-def _label(quantile: float) -> str:
-    return f"{quantile * 100:g}".replace(".", "_")
-
-
-def throttling(intervals: DataFrame) -> DataFrame:
-    """Per (user, client_id): requests, how many were throttled or rejected, and the throttle
-    time per second of activity (1.0: throttled all the time it was active); then the same for
-    what quotas in shadow mode would have done (``shadow_*``), none of which was applied."""
-    from pyspark.sql import functions as F
-
-    sums = [F.sum(REQUEST_RATE).alias("requests"), F.sum("interval_seconds").alias("active_seconds")]
-    ratios = []
+    sums = [F.sum(REQUEST_RATE).alias("requests"), F.sum("interval_seconds").alias("active_seconds"),
+            F.sum("bytes").alias("bytes"), F.sum(CONTROLLER_MUTATION_RATE).alias("partition_mutations"),
+            F.sum("new_producer_ids").alias("new_producer_ids")]
     for prefix in ("", "shadow_"):
-        throttled, rejected, time_ms = f"{prefix}throttled", f"{prefix}rejected", f"{prefix}throttle_time_ms"
-        sums += [F.sum(throttled).alias(throttled), F.sum(rejected).alias(rejected), F.sum(time_ms).alias(time_ms)]
-        ratios += [(F.col(throttled) / F.col("requests")).alias(f"{throttled}_ratio"),
-                   (F.col(rejected) / F.col("requests")).alias(f"{rejected}_ratio"),
-                   (F.col(time_ms) / (F.col("active_seconds") * 1000.0)).alias(f"{prefix}throttle_time_ratio")]
+        sums += [F.sum(f"{prefix}{c}").alias(f"{prefix}{c}") for c in ("throttled", "rejected", "throttle_time_ms")]
+    sums += [F.sum(f"{kind}__requests").alias(f"{kind}__requests") for kind in RATE_KINDS]
+    return intervals.groupBy(*PRINCIPAL).agg(*sums)
+
+
+def _ratio(part: PandasSeries, whole: PandasSeries) -> PandasSeries:
+    """part / whole, empty (not infinite) where whole is 0, as Spark's division gives null."""
+    return (part / whole.where(whole != 0)).astype("float64")
+
+
+def throttling(principals: PandasFrame) -> PandasFrame:
+    """Per (user, client_id) of :func:`per_principal`'s rows: requests, how many were throttled or
+    rejected, and the throttle time per second of activity (1.0: throttled all the time it was
+    active); then the same for what quotas in shadow mode would have done (``shadow_*``), none of
+    which was applied. Most throttle time first."""
+    out = principals[[*PRINCIPAL, "requests", "throttled", "rejected", "throttle_time_ms", "active_seconds"]].copy()
+    for prefix in ("", "shadow_"):
+        if prefix:
+            for c in ("throttled", "rejected", "throttle_time_ms"):
+                out[f"{prefix}{c}"] = principals[f"{prefix}{c}"]
+        out[f"{prefix}throttled_ratio"] = _ratio(principals[f"{prefix}throttled"], principals["requests"])
+        out[f"{prefix}rejected_ratio"] = _ratio(principals[f"{prefix}rejected"], principals["requests"])
+        out[f"{prefix}throttle_time_ratio"] = _ratio(principals[f"{prefix}throttle_time_ms"],
+                                                     principals["active_seconds"] * 1000.0)
     columns = [*PRINCIPAL, "requests", "throttled", "rejected", "throttle_time_ms", "active_seconds",
                "throttled_ratio", "rejected_ratio", "throttle_time_ratio",
                "shadow_throttled", "shadow_rejected", "shadow_throttle_time_ms",
                "shadow_throttled_ratio", "shadow_rejected_ratio", "shadow_throttle_time_ratio"]
-    return intervals.groupBy(*PRINCIPAL).agg(*sums).select("*", *ratios).select(*columns)
+    return (out[columns].sort_values(["throttle_time_ms", *PRINCIPAL], ascending=[False, True, True], kind="stable")
+            .reset_index(drop=True))
 
 
-def shadow_affected(throttling_df: DataFrame) -> DataFrame:
-    """The principals quotas in shadow mode would have throttled or rejected, most affected
-    first: by the larger of the two shares of its requests (a request can be both), then by
-    the throttle time it would have waited per second of activity."""
-    from pyspark.sql import functions as F
-
-    held = F.greatest("shadow_throttled_ratio", "shadow_rejected_ratio")
-    return (throttling_df.where((F.col("shadow_throttled") > 0) | (F.col("shadow_rejected") > 0))
-            .orderBy(F.desc(held), F.desc("shadow_throttle_time_ratio"), *PRINCIPAL)
-            .select(*PRINCIPAL, "requests", "shadow_throttled", "shadow_throttled_ratio", "shadow_rejected",
-                    "shadow_rejected_ratio", "shadow_throttle_time_ms", "shadow_throttle_time_ratio"))
-
-
-def principal_kinds(intervals: DataFrame) -> DataFrame:
-    """Per (user, client_id): its requests, and per rate kind ``<kind>__requests``, the requests
-    of the APIs that kind charges (whether it had any demand of the kind or not)."""
-    from pyspark.sql import functions as F
-
-    return (intervals.groupBy(*PRINCIPAL)
-            .agg(*[F.sum(f"{kind}__requests").alias(f"{kind}__requests") for kind in RATE_KINDS]))
+def shadow_affected(throttled: PandasFrame) -> PandasFrame:
+    """The principals quotas in shadow mode would have throttled or rejected (of
+    :func:`throttling`'s rows), most affected first: by the larger of the two shares of its
+    requests (a request can be both), then by the throttle time it would have waited per second
+    of activity."""
+    hit = throttled[(throttled["shadow_throttled"] > 0) | (throttled["shadow_rejected"] > 0)].copy()
+    hit["_held"] = hit[["shadow_throttled_ratio", "shadow_rejected_ratio"]].max(axis=1)
+    hit = hit.sort_values(["_held", "shadow_throttle_time_ratio", *PRINCIPAL], ascending=[False, False, True, True],
+                          kind="stable")
+    columns = [*PRINCIPAL, "requests", "shadow_throttled", "shadow_throttled_ratio", "shadow_rejected",
+               "shadow_rejected_ratio", "shadow_throttle_time_ms", "shadow_throttle_time_ratio"]
+    return hit[columns].reset_index(drop=True)
 
 
-def top_talkers(intervals: DataFrame, n: int) -> DataFrame:
+def principal_kinds(principals: PandasFrame) -> PandasFrame:
+    """Per (user, client_id): per rate kind ``<kind>__requests`` (see :func:`per_principal`)."""
+    return principals[[*PRINCIPAL, *(f"{kind}__requests" for kind in RATE_KINDS)]].reset_index(drop=True)
+
+
+def top_talkers(principals: PandasFrame, n: int) -> PandasFrame:
     """The ``n`` principals that moved the most bytes, with their share of all bytes."""
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
-
-    totals = (intervals.groupBy(*PRINCIPAL)
-              .agg(F.sum("bytes").alias("bytes"), F.sum(REQUEST_RATE).alias("requests"),
-                   F.sum(CONTROLLER_MUTATION_RATE).alias("partition_mutations"),
-                   F.sum("new_producer_ids").alias("new_producer_ids"))
-              .withColumn("bytes_share", F.col("bytes") / F.sum("bytes").over(Window.partitionBy())))
-    return totals.orderBy(F.desc("bytes"), *PRINCIPAL).limit(n)
+    out = principals[[*PRINCIPAL, "bytes", "requests", "partition_mutations", "new_producer_ids"]].copy()
+    total = out["bytes"].sum()
+    out["bytes_share"] = out["bytes"] / total if total else float("nan")
+    out = out.sort_values(["bytes", *PRINCIPAL], ascending=[False, True, True], kind="stable")
+    return out.head(n).reset_index(drop=True)
 
 
 def timeline(intervals: DataFrame, columns: list[str], keep: int, max_points: int) -> dict[str, PandasFrame | Span]:
     """Per-second rates of ``columns`` over time for charts: the ``keep`` principals with the
-    most of each column by name, everyone else as "others", in at most ``max_points`` buckets.
-    Small by construction: (max_points × (keep + 1)) rows per column. The key ``"span"`` holds
-    (first bucket, last bucket, bucket seconds) so charts share one time axis."""
-    from pyspark.sql import Window
+    most of each column by name, everyone else as "others", in at most ``max_points`` buckets
+    (a bucket where a series had none has no row). Small by construction: (max_points × (keep +
+    1)) rows per column. The key ``"span"`` holds (first bucket, last bucket, bucket seconds) so
+    charts share one time axis. Two passes over the intervals, whatever the columns: totals per
+    principal (and the span), then every column's series per bucket."""
     from pyspark.sql import functions as F
 
-    # An aggregate without groups has exactly one row: first() is never None here.
-    span = cast("Row", intervals.agg(F.min("interval_start").alias("lo"), F.max("interval_start").alias("hi"),
-                                     F.max("interval_seconds").alias("step")).first())
-    if span.lo is None:
+    principal = F.concat_ws(" / ", *PRINCIPAL)
+    totals: PandasFrame = (intervals.groupBy(principal.alias("principal"))
+                           .agg(F.min("interval_start").alias("lo"), F.max("interval_start").alias("hi"),
+                                F.max("interval_seconds").alias("step"),
+                                *[F.sum(c).alias(c) for c in columns]).toPandas())
+    if totals.empty:
         return {}
-    seconds = (span.hi - span.lo).total_seconds() + span.step
+    lo, hi, step = totals["lo"].min(), totals["hi"].max(), int(totals["step"].max())
+    seconds = (hi - lo).total_seconds() + step
     # A whole number of intervals per bucket, so every bucket averages the same number of them.
-    bucket_s = span.step * max(1, int(-(-seconds // (max_points * span.step))))
+    bucket_s = step * max(1, int(-(-seconds // (max_points * step))))
     bucket = (F.floor(F.unix_timestamp("interval_start") / bucket_s) * bucket_s).cast("timestamp")
-    named = intervals.withColumn("principal", F.concat_ws(" / ", *PRINCIPAL))
-    out: dict[str, PandasFrame | Span] = {}
-    for column in columns:
-        ranked = (named.groupBy("principal").agg(F.sum(column).alias("total")).where(F.col("total") > 0)
-                  .withColumn("rank", F.row_number().over(Window.orderBy(F.desc("total"), "principal"))))
-        labelled = (named.join(ranked.select("principal", "rank"), "principal")
-                    .withColumn("series", F.when(F.col("rank") <= keep, F.col("principal")).otherwise("others")))
-        out[column] = (labelled.groupBy(bucket.alias("time"), "series")
-                       .agg((F.sum(column) / bucket_s).alias("rate")).toPandas())
-    first = span.lo.timestamp() // bucket_s * bucket_s
-    out["span"] = (first, span.hi.timestamp() // bucket_s * bucket_s, bucket_s)
+    named = {}
+    for c in columns:
+        top = totals[totals[c] > 0].sort_values([c, "principal"], ascending=[False, True], kind="stable")
+        named[c] = top["principal"].head(keep).tolist()
+    # (column, series, amount) per interval row: a named principal, or "others"; zeros dropped.
+    # Names are the clients' own strings: columns and literals, never SQL text.
+    who = F.col("principal")
+    parts = F.array(*[F.struct(F.lit(c).alias("kind"),
+                               F.when(who.isin(named[c]), who).otherwise(F.lit("others")).alias("series"),
+                               F.col(c).cast("double").alias("amount")) for c in columns])
+    rates: PandasFrame = (intervals.select(bucket.alias("time"), principal.alias("principal"), *columns)
+                          .select("time", F.explode(parts).alias("part"))
+                          .select("time", "part.kind", "part.series", "part.amount")
+                          .where(F.col("amount") != 0)
+                          .groupBy("time", "kind", "series").agg((F.sum("amount") / bucket_s).alias("rate"))
+                          .toPandas())
+    out: dict[str, PandasFrame | Span] = {
+        c: rates[rates["kind"] == c][["time", "series", "rate"]].reset_index(drop=True) for c in columns}
+    first = lo.timestamp() // bucket_s * bucket_s
+    out["span"] = (first, hi.timestamp() // bucket_s * bucket_s, bucket_s)
     return out
+

@@ -10,3 +10,4 @@ from __future__ import annotations
 from typing import Any, TypeAlias
 
 PandasFrame: TypeAlias = Any  # a pandas.DataFrame
+PandasSeries: TypeAlias = Any  # a pandas.Series

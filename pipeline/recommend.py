@@ -17,7 +17,7 @@ bucket holds a burst of quota × samples × window and needs no such allowance.)
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -36,8 +36,6 @@ from .kinds import ALL_KINDS, PER_WINDOW
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-RECOMMENDED_SCHEMA = ("user string, client_id string, kind string, admitting double, per_request double, "
-                      "recommended double")
 
 EntityKey = tuple[tuple[str, str], ...]  # ((field, value), ...): ("user", ...) and / or ("client_id", ...)
 QuotaEntry = dict[str, str | float]  # an entry of the quotas: list: its entity's fields, then kind → value
@@ -68,37 +66,67 @@ def recommended_value(admitting_q: float, headroom: float) -> float:
 
 
 def recommendations(intervals: DataFrame, pid_windows: DataFrame, share: float, headroom: float,
-                    measured_over_s: float = 10.0) -> DataFrame:
-    """(user, client_id, kind, admitting, per_request, recommended) for every principal and
-    kind with demand; producer_ids_rate per user (client_id ""). ``per_request``: the allowance
-    for whole requests (mean amount per request / ``measured_over_s``; 0 for token buckets and
-    per-window kinds). The (other) overflow row gets none."""
+                    measured_over_s: float = 10.0, quantiles: Sequence[float] = (0.5, 0.95, 0.99)) -> DataFrame:
+    """For every principal and kind with demand (producer_ids_rate per user, client_id ""), in
+    one pass over its samples (:func:`pipeline.groups.per_group`): its demand (samples, total,
+    mean, the nearest-rank ``quantiles`` as ``p<q>``, and the max of the per-second rate over the
+    intervals in which it used the kind; for producer_ids_rate, new ids per window) and its
+    recommendation (admitting, per_request, recommended). ``per_request``: the allowance for
+    whole requests (mean amount per request / ``measured_over_s``; 0 for token buckets and
+    per-window kinds). The (other) overflow row's recommendation is for no one to apply:
+    :func:`split` leaves it out."""
     from pyspark.sql import functions as F
 
+    labels = [f"p{_label(q)}" for q in quantiles]
+    schema = ("user string, client_id string, kind string, samples long, total double, mean double, "
+              + ", ".join(f"{label} double" for label in labels)
+              + ", max double, admitting double, per_request double, recommended double")
+
     def build() -> Callable[[PandasFrame], list[tuple[object, ...]]]:
-        return lambda rows: [_recommend(rows, share, headroom, measured_over_s)]
+        return lambda rows: [_recommend(rows, quantiles, share, headroom, measured_over_s)]
 
     columns = (*PRINCIPAL, "kind", "rate", "interval_seconds", "amount", "requests")
-    rates = _long(intervals).where(F.col("user") != OTHER).select(*columns)
+    rates = _long(intervals).select(*columns)
     (pid_kind,) = PER_WINDOW
-    pids = (pid_windows.where(F.col("user") != OTHER)
-            .select("user", F.lit("").alias("client_id"), F.lit(pid_kind).alias("kind"),
-                    F.col("amount").alias("rate"), F.lit(1.0).alias("interval_seconds"),
-                    F.col("amount"), F.lit(0.0).alias("requests")))
+    pids = pid_windows.select("user", F.lit("").alias("client_id"), F.lit(pid_kind).alias("kind"),
+                              F.col("amount").alias("rate"), F.lit(1.0).alias("interval_seconds"),
+                              F.col("amount"), F.lit(0.0).alias("requests"))
     tasks = 2 * intervals.sparkSession.sparkContext.defaultParallelism
-    return per_group(rates.unionByName(pids), (*PRINCIPAL, "kind"), (), tasks, build, RECOMMENDED_SCHEMA)
+    return per_group(rates.unionByName(pids), (*PRINCIPAL, "kind"), (), tasks, build, schema)
 
 
-def _recommend(rows: PandasFrame, share: float, headroom: float, measured_over_s: float) -> tuple[object, ...]:
-    """One (user, client_id, kind)'s row of ``RECOMMENDED_SCHEMA`` from its samples."""
-    q = admitting(rows["rate"].to_numpy(), rows["interval_seconds"].to_numpy(), share)
+def split(both: PandasFrame) -> tuple[PandasFrame, PandasFrame]:
+    """(demand, recommended) from :func:`recommendations`' rows: the demand per (kind, user,
+    client_id), the recommendations per (user, client_id, kind), (other) left out of them."""
+    at = list(both.columns).index("max") + 1
+    demand = both[list(both.columns[:at])].sort_values(["kind", *PRINCIPAL], kind="stable").reset_index(drop=True)
+    rec = both[both["user"] != OTHER][[*PRINCIPAL, "kind", *both.columns[at:]]]
+    return demand, rec.sort_values([*PRINCIPAL, "kind"], kind="stable").reset_index(drop=True)
+
+
+def nearest_rank(rates: np.ndarray, quantiles: Sequence[float]) -> list[float]:
+    """The nearest-rank quantiles: for each q, the smallest sample with at least q of the samples
+    at or below it."""
+    ordered = np.sort(rates)
+    return [float(ordered[max(0, math.ceil(q * len(ordered) - 1e-9) - 1)]) for q in quantiles]
+
+
+def _label(quantile: float) -> str:
+    return f"{quantile * 100:g}".replace(".", "_")
+
+
+def _recommend(rows: PandasFrame, quantiles: Sequence[float], share: float, headroom: float,
+               measured_over_s: float) -> tuple[object, ...]:
+    """One (user, client_id, kind)'s row of :func:`recommendations` from its samples."""
+    rate = rows["rate"].to_numpy(dtype=float)
+    q = admitting(rate, rows["interval_seconds"].to_numpy(), share)
     kind = rows["kind"].iat[0]
     requests = float(rows["requests"].sum())
-    allowance = 0.0
-    if kind in WINDOWED_RATE_KINDS and requests > 0:
-        allowance = float(rows["amount"].sum()) / requests / measured_over_s
-    return (rows["user"].iat[0], rows["client_id"].iat[0], kind, q, allowance,
-            recommended_value(q + allowance, headroom))
+    total = float(rows["amount"].sum())
+    allowance = total / requests / measured_over_s if kind in WINDOWED_RATE_KINDS and requests > 0 else 0.0
+    return (rows["user"].iat[0], rows["client_id"].iat[0], kind, len(rate), total, float(rate.mean()),
+            *nearest_rank(rate, quantiles), float(rate.max()),
+            q, allowance, recommended_value(q + allowance, headroom))
 
 
 def entity_key(user: str, client_id: str, kind: str) -> EntityKey | None:

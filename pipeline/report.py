@@ -148,7 +148,7 @@ def _report(opts: Options, inputs: Inputs, spark: SparkSession | None, progress:
     from . import demand, fleet
     from .html import CHARTS, bar_chart, stacked_chart, write_report
     from .outliers import mark, outlier_rows, replay_outcome
-    from .recommend import entity_key, quota_entries, quotas_yaml, recommendations
+    from .recommend import entity_key, quota_entries, quotas_yaml, recommendations, split
     from .replay import replay
     from .spark import read_usage, spark_errors, spark_session
 
@@ -182,29 +182,28 @@ def _report(opts: Options, inputs: Inputs, spark: SparkSession | None, progress:
             if fleet.any_fleet(fleets):
                 usage = fleet.enforced_as(usage)  # a fleet's members summed: its quotas were one
 
-        with progress.step("demand", "demand per principal and interval; percentiles, throttling, top talkers"):
+        with progress.step("demand", "demand per principal and interval; throttling, top talkers"):
             intervals = demand.interval_demand(usage).cache()
             pid_windows = demand.producer_id_windows(intervals, window_s).cache()  # not another scan
             # toPandas() is typed with pandas' DataFrame, which the checker cannot see: PandasFrame.
-            percentiles: PandasFrame = demand.demand_percentiles(intervals, pid_windows, QUANTILES) \
-                .orderBy("kind", "user", "client_id").toPandas()
-            throttling = demand.throttling(intervals)
-            throttled: PandasFrame = throttling.orderBy(F.desc("throttle_time_ms"), "user", "client_id").toPandas()
-            shadow: PandasFrame = demand.shadow_affected(throttling).toPandas()
-            talkers: PandasFrame = demand.top_talkers(intervals, opts.top).toPandas()
-            principals: PandasFrame = demand.principal_kinds(intervals).toPandas()
-            result.files["demand"] = _csv(percentiles, out / "demand.csv")
+            per_principal: PandasFrame = demand.per_principal(intervals).toPandas()
+            throttled = demand.throttling(per_principal)
+            shadow = demand.shadow_affected(throttled)
+            talkers = demand.top_talkers(per_principal, opts.top)
+            principals = demand.principal_kinds(per_principal)
+            result.files["demand"] = out / "demand.csv"  # written with the recommendations, below
             result.files["throttling"] = _csv(throttled, out / "throttling.csv")
             result.files["top_talkers"] = _csv(talkers, out / "top_talkers.csv")
 
         with progress.step("recommend",
-                           f"recommending quotas (admit {opts.share:g} of demand, {opts.headroom:.0%} headroom)"):
-            recommended: PandasFrame = recommendations(intervals, pid_windows, opts.share, opts.headroom,
-                                                       measured_over_s).orderBy("user", "client_id", "kind").toPandas()
+                           f"percentiles and recommended quotas (admit {opts.share:g} of demand, "
+                           f"{opts.headroom:.0%} headroom)"):
+            percentiles, recommended = split(recommendations(intervals, pid_windows, opts.share, opts.headroom,
+                                                             measured_over_s, QUANTILES).toPandas())
             percentiles, recommended, flags, outlier_notes = mark(percentiles, recommended, principals, rule,
                                                                   window_s)
             result.outliers = flags
-            _csv(percentiles, result.files["demand"])  # now with the outlier columns
+            result.files["demand"] = _csv(percentiles, out / "demand.csv")  # with the outlier columns
             result.files["recommended"] = _csv(recommended, out / "recommended.csv")
             entries, notes = quota_entries(recommended.to_dict("records"))
             comments: dict[CommentKey, str] = {
