@@ -48,18 +48,6 @@ def interval_demand(usage: DataFrame) -> DataFrame:
     return usage.groupBy("proxy", *PRINCIPAL, "interval_start", "interval_seconds").agg(*aggs)
 
 
-def _long(intervals: DataFrame) -> DataFrame:
-    """(proxy, user, client_id, interval_start, interval_seconds, kind, amount, requests, rate)
-    with amount > 0; ``requests`` are those of the APIs the kind charges."""
-    from pyspark.sql import functions as F
-
-    triples = ", ".join(f"'{k}', CAST(`{k}` AS DOUBLE), CAST(`{k}__requests` AS DOUBLE)" for k in RATE_KINDS)
-    return (intervals.select("proxy", *PRINCIPAL, "interval_start", "interval_seconds",
-                             F.expr(f"stack({len(RATE_KINDS)}, {triples}) AS (kind, amount, requests)"))
-            .where(F.col("amount") > 0)
-            .withColumn("rate", F.col("amount") / F.col("interval_seconds")))
-
-
 def producer_id_windows(usage: DataFrame, window_s: float) -> DataFrame:
     """New producer ids per (proxy, user, window), windows of ``window_s`` from the epoch
     (tumbling: a burst across a window edge is split; the quota's own window slides), from usage

@@ -19,6 +19,14 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 OUT_ROWS = 10_000  # result rows a task collects before it hands them to Spark
+ROWS_PER_TASK = 1_000_000  # input rows per task, about, for a large input
+
+
+def tasks_for(df: DataFrame, rows: int | None = None) -> int:
+    """Tasks for ``df`` (about ``rows`` rows): a whole number of rounds of the session's cores, so
+    no core waits on one last task; at least two rounds, more for a large input."""
+    cores = df.sparkSession.sparkContext.defaultParallelism
+    return cores * max(2, -(-(rows or 0) // (cores * ROWS_PER_TASK)))
 
 
 def per_group(df: DataFrame, keys: Sequence[str], order: Sequence[str], tasks: int,

@@ -17,7 +17,7 @@ bucket holds a burst of quota × samples × window and needs no such allowance.)
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -28,10 +28,10 @@ from quotas.common import RATE_KINDS as WINDOWED_RATE_KINDS
 from quotas.entities import ANONYMOUS
 from usage.schema import OTHER
 
-from .demand import PRINCIPAL, _long
+from .demand import PRINCIPAL
 from .frames import PandasFrame
-from .groups import per_group
-from .kinds import ALL_KINDS, PER_WINDOW
+from .groups import per_group, tasks_for
+from .kinds import ALL_KINDS, PER_WINDOW, RATE_KINDS
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -66,15 +66,18 @@ def recommended_value(admitting_q: float, headroom: float) -> float:
 
 
 def recommendations(intervals: DataFrame, pid_windows: DataFrame, share: float, headroom: float,
-                    measured_over_s: float = 10.0, quantiles: Sequence[float] = (0.5, 0.95, 0.99)) -> DataFrame:
-    """For every principal and kind with demand (producer_ids_rate per user, client_id ""), in
-    one pass over its samples (:func:`pipeline.groups.per_group`): its demand (samples, total,
-    mean, the nearest-rank ``quantiles`` as ``p<q>``, and the max of the per-second rate over the
-    intervals in which it used the kind; for producer_ids_rate, new ids per window) and its
-    recommendation (admitting, per_request, recommended). ``per_request``: the allowance for
-    whole requests (mean amount per request / ``measured_over_s``; 0 for token buckets and
-    per-window kinds). The (other) overflow row's recommendation is for no one to apply:
-    :func:`split` leaves it out."""
+                    measured_over_s: float = 10.0, quantiles: Sequence[float] = (0.5, 0.95, 0.99),
+                    rows: int | None = None) -> DataFrame:
+    """For every principal and kind with demand (producer_ids_rate per user, client_id ""): its
+    demand (samples, total, mean, the nearest-rank ``quantiles`` as ``p<q>``, and the max of the
+    per-second rate over the intervals in which it used the kind; for producer_ids_rate, new ids
+    per window) and its recommendation (admitting, per_request, recommended). ``per_request``:
+    the allowance for whole requests (mean amount per request / ``measured_over_s``; 0 for token
+    buckets and per-window kinds). The (other) overflow row's recommendation is for no one to
+    apply: :func:`split` leaves it out.
+
+    One pass over each principal's intervals, every kind of it at once
+    (:func:`pipeline.groups.per_group`; ``rows``: about how many intervals, for the tasks)."""
     from pyspark.sql import functions as F
 
     labels = [f"p{_label(q)}" for q in quantiles]
@@ -82,17 +85,35 @@ def recommendations(intervals: DataFrame, pid_windows: DataFrame, share: float, 
               + ", ".join(f"{label} double" for label in labels)
               + ", max double, admitting double, per_request double, recommended double")
 
-    def build() -> Callable[[PandasFrame], list[tuple[object, ...]]]:
-        return lambda rows: [_recommend(rows, quantiles, share, headroom, measured_over_s)]
+    def rate_kinds() -> Callable[[PandasFrame], list[tuple[object, ...]]]:
+        return lambda group: [
+            _recommend(group["user"].iat[0], group["client_id"].iat[0], kind, amount / seconds, seconds, amount,
+                       requests, quantiles, share, headroom, measured_over_s)
+            for kind, amount, seconds, requests in _samples(group)]
 
-    columns = (*PRINCIPAL, "kind", "rate", "interval_seconds", "amount", "requests")
-    rates = _long(intervals).select(*columns)
-    (pid_kind,) = PER_WINDOW
-    pids = pid_windows.select("user", F.lit("").alias("client_id"), F.lit(pid_kind).alias("kind"),
-                              F.col("amount").alias("rate"), F.lit(1.0).alias("interval_seconds"),
-                              F.col("amount"), F.lit(0.0).alias("requests"))
-    tasks = 2 * intervals.sparkSession.sparkContext.defaultParallelism
-    return per_group(rates.unionByName(pids), (*PRINCIPAL, "kind"), (), tasks, build, schema)
+    def per_window() -> Callable[[PandasFrame], list[tuple[object, ...]]]:
+        (kind,) = PER_WINDOW
+        return lambda group: [_recommend(
+            group["user"].iat[0], "", kind, amount, np.ones(len(amount)), amount, 0.0, quantiles, share, headroom,
+            measured_over_s) for amount in [group["amount"].to_numpy(dtype=float)]]
+
+    columns = [*PRINCIPAL, "interval_seconds", *RATE_KINDS, *(f"{k}__requests" for k in RATE_KINDS)]
+    by_principal = per_group(intervals.select(*columns), PRINCIPAL, (), tasks_for(intervals, rows), rate_kinds,
+                             schema)
+    by_user = per_group(pid_windows.select("user", F.col("amount")), ("user",), (), tasks_for(pid_windows),
+                        per_window, schema)
+    return by_principal.unionByName(by_user)
+
+
+def _samples(group: PandasFrame) -> Iterator[tuple[str, np.ndarray, np.ndarray, float]]:
+    """(kind, amount, seconds, requests) for each rate kind of one principal's intervals: the
+    intervals with some of the kind's amount, and the requests of the APIs it charges."""
+    seconds = group["interval_seconds"].to_numpy(dtype=float)
+    for kind in RATE_KINDS:
+        amount = group[kind].to_numpy(dtype=float)
+        used = amount > 0
+        if used.any():
+            yield kind, amount[used], seconds[used], float(group[f"{kind}__requests"].to_numpy(dtype=float)[used].sum())
 
 
 def split(both: PandasFrame) -> tuple[PandasFrame, PandasFrame]:
@@ -115,18 +136,16 @@ def _label(quantile: float) -> str:
     return f"{quantile * 100:g}".replace(".", "_")
 
 
-def _recommend(rows: PandasFrame, quantiles: Sequence[float], share: float, headroom: float,
+def _recommend(user: str, client_id: str, kind: str, rate: np.ndarray, seconds: np.ndarray, amount: np.ndarray,
+               requests: float, quantiles: Sequence[float], share: float, headroom: float,
                measured_over_s: float) -> tuple[object, ...]:
     """One (user, client_id, kind)'s row of :func:`recommendations` from its samples."""
-    rate = rows["rate"].to_numpy(dtype=float)
-    q = admitting(rate, rows["interval_seconds"].to_numpy(), share)
-    kind = rows["kind"].iat[0]
-    requests = float(rows["requests"].sum())
-    total = float(rows["amount"].sum())
+    q = admitting(rate, seconds, share)
+    total = float(amount.sum())
     allowance = total / requests / measured_over_s if kind in WINDOWED_RATE_KINDS and requests > 0 else 0.0
-    return (rows["user"].iat[0], rows["client_id"].iat[0], kind, len(rate), total, float(rate.mean()),
-            *nearest_rank(rate, quantiles), float(rate.max()),
-            q, allowance, recommended_value(q + allowance, headroom))
+    return (user, client_id, kind, len(rate), total, float(rate.mean()), *nearest_rank(rate, quantiles),
+            float(rate.max()), q, allowance, recommended_value(q + allowance, headroom))
+
 
 
 def entity_key(user: str, client_id: str, kind: str) -> EntityKey | None:

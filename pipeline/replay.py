@@ -48,7 +48,7 @@ from quotas.producer_ids import ProducerIdQuotaManager
 from usage.schema import OTHER
 
 from .frames import PandasFrame
-from .groups import per_group
+from .groups import per_group, tasks_for
 from .kinds import ANY as ANY
 from .kinds import DEMAND, FETCH, MUTATING, PER_WINDOW, PRODUCE, SHARE_FETCH
 from .replay_arrays import run_arrays
@@ -224,19 +224,16 @@ def run_events(user: str, rows: PandasFrame, quotas: QuotaManager, producer_ids:
         hold(cid, ANY, n, throttle, float(n) if rejected else 0.0)
 
 
-ROWS_PER_TASK = 2_000_000  # of usage per replay task, at most (each task streams its users one by one)
 EVENT_ORDER = ("interval_start", "client_id", "api_key")  # of one user's rows, as replay_user takes them
 
 
 def replay(usage: DataFrame, config_yaml: str, max_events: int = 10, rows: int | None = None) -> DataFrame:
-    """The replay as a DataFrame (``REPLAY_SCHEMA``): the (proxy, user)s spread over tasks (at
-    least two per core of the session, more for a large log: ``rows`` of usage), each user's
-    rows sorted by Spark and replayed whole (:func:`pipeline.groups.per_group`), one user at a
-    time in a worker's memory."""
+    """The replay as a DataFrame (``REPLAY_SCHEMA``): the (proxy, user)s spread over tasks, each
+    user's rows sorted by Spark and replayed whole (:func:`pipeline.groups.per_group`), one user
+    at a time in a worker's memory (``rows``: about how many usage rows, for the tasks)."""
     from pyspark.sql import functions as F
 
     candidate(config_yaml)  # a bad file fails here, on the driver, not in every task
-    tasks = max(2 * usage.sparkSession.sparkContext.defaultParallelism, -(-(rows or 0) // ROWS_PER_TASK))
 
     def build() -> Callable[[PandasFrame], list[ReplayRow]]:
         config, rules = candidate(config_yaml), candidate_rules(config_yaml)
@@ -247,4 +244,4 @@ def replay(usage: DataFrame, config_yaml: str, max_events: int = 10, rows: int |
     # An (other) row sums many principals: no single entity's quota applies to it.
     return per_group(usage.where(F.col("user") != OTHER)
                      .select("proxy", "user", F.unix_millis("interval_start").alias("interval_start"), *cols),
-                     ("proxy", "user"), EVENT_ORDER, tasks, build, REPLAY_SCHEMA)
+                     ("proxy", "user"), EVENT_ORDER, tasks_for(usage, rows), build, REPLAY_SCHEMA)

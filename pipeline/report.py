@@ -199,7 +199,7 @@ def _report(opts: Options, inputs: Inputs, spark: SparkSession | None, progress:
                            f"percentiles and recommended quotas (admit {opts.share:g} of demand, "
                            f"{opts.headroom:.0%} headroom)"):
             percentiles, recommended = split(recommendations(intervals, pid_windows, opts.share, opts.headroom,
-                                                             measured_over_s, QUANTILES).toPandas())
+                                                             measured_over_s, QUANTILES, stats.rows).toPandas())
             percentiles, recommended, flags, outlier_notes = mark(percentiles, recommended, principals, rule,
                                                                   window_s)
             result.outliers = flags
@@ -229,8 +229,11 @@ def _report(opts: Options, inputs: Inputs, spark: SparkSession | None, progress:
                 "replay",
                 f"replaying {'the candidate ' + str(opts.candidate) if opts.candidate else 'the recommended quotas'}"
             ):
-                replayed = replay(usage, candidate_text or text, opts.max_events, rows=stats.rows) \
-                    .orderBy("proxy", "user", "client_id", "kind").toPandas()
+                # Sorted here, not by Spark: a sort there samples its input first, which would run
+                # the whole replay twice.
+                replayed = replay(usage, candidate_text or text, opts.max_events, rows=stats.rows).toPandas()
+                replayed = replayed.sort_values(["proxy", "user", "client_id", "kind"], kind="stable") \
+                    .reset_index(drop=True)
                 replayed["outlier"] = outlier_rows(replayed, flags)
                 result.files["replay"] = _csv(replayed, out / "replay.csv")
 
