@@ -13,6 +13,7 @@ one pass.
 
 from __future__ import annotations
 
+import hashlib
 from typing import TYPE_CHECKING
 
 from quotas import QuotaManager
@@ -94,8 +95,9 @@ def run_arrays(user: str, rows: PandasFrame, quotas: QuotaManager, producer_ids:
     known: dict[bytes, SampleWindows] = {}
 
     def windows(mine: NDArray[np.bool_]) -> SampleWindows:
-        """The samples of the events ``mine``, shared by every kind that charges just those."""
-        key = np.packbits(mine).tobytes()
+        """The samples of the events ``mine``, shared by every kind that charges just those
+        (keyed by a digest: a user's entities may be many, each mask as long as its events)."""
+        key = hashlib.blake2b(np.packbits(mine).tobytes(), digest_size=16).digest()
         if key not in known:
             known[key] = sample_windows(times[mine], quotas.quota_window_num, quotas.quota_window_size_ms)
         return known[key]

@@ -86,6 +86,10 @@ class _Timed:
             step_group(self.progress.spark, self.key, self.key)
 
     def __exit__(self, *exc: object) -> None:
+        if self.progress.spark is not None:
+            from .spark_metrics import no_step
+
+            no_step(self.progress.spark)  # later jobs (a failed report's caller's too) are not the step's
         took = time.monotonic() - self.t
         self.progress.seconds[self.key] = took
         if exc[0] is None:
@@ -286,9 +290,6 @@ def _report(opts: Options, inputs: Inputs, spark: SparkSession | None, progress:
                       if replayed is not None else [])],
             recommended_yaml=text, quota_table=glance.quota_table(recommended, talkers), glance_charts=glance_charts)
     result.seconds = progress.seconds
-    from .spark_metrics import no_step
-
-    no_step(spark)
     return result
 
 

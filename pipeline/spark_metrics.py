@@ -1,5 +1,6 @@
 """Where a report's time goes, in Spark's own metrics: the task metrics of its event log
-(``spark.eventLog.enabled``), summed per report step.
+(``spark.eventLog.enabled``), summed per report step (a retried stage's attempts all count: the
+work was done).
 
 The report runs each step's Spark jobs in a job group named after the step (:func:`step_group`),
 so every stage in the log belongs to a step. Per step: the stages and tasks it ran, the tasks'
@@ -91,7 +92,7 @@ def per_step(event_log: Path) -> dict[str, StepMetrics]:
             if step is None:
                 continue
             m = out.setdefault(step, StepMetrics())
-            m.stages += 1
+            m.stages += int(info.get("Stage Attempt ID", 0) == 0)  # a retried stage is one stage (its work twice)
             m.tasks += int(info.get("Number of Tasks", 0))
             for acc in info.get("Accumulables", ()):
                 target = _METRICS.get(acc.get("Name", ""))

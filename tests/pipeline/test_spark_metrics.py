@@ -32,14 +32,15 @@ def test_a_reports_spark_work_is_attributed_to_its_steps(spark, spark_events, tm
     assert set(after) <= {"spark", *result.seconds}
 
 
-def test_stages_of_other_jobs_and_a_half_written_line_are_left_out(tmp_path):
+def test_stages_of_other_jobs_and_a_half_written_line_are_left_out_and_a_retry_counts_its_work(tmp_path):
     def job(job_id: int, stages: list[int], group: str | None) -> dict:
         props = {"spark.jobGroup.id": group} if group else {}
         return {"Event": "SparkListenerJobStart", "Job ID": job_id, "Stage IDs": stages, "Properties": props}
 
-    def stage(stage_id: int, run_ms: int, rows: int) -> dict:
+    def stage(stage_id: int, run_ms: int, rows: int, attempt: int = 0) -> dict:
         return {"Event": "SparkListenerStageCompleted",
-                "Stage Info": {"Stage ID": stage_id, "Number of Tasks": 2, "Accumulables": [
+                "Stage Info": {"Stage ID": stage_id, "Stage Attempt ID": attempt, "Number of Tasks": 2,
+                               "Accumulables": [
                     {"Name": "internal.metrics.executorRunTime", "Value": run_ms},
                     {"Name": "internal.metrics.executorCpuTime", "Value": run_ms * 500_000},
                     {"Name": "internal.metrics.input.recordsRead", "Value": rows},
@@ -49,15 +50,15 @@ def test_stages_of_other_jobs_and_a_half_written_line_are_left_out(tmp_path):
     events = [job(0, [0, 1], PREFIX + "demand"), stage(0, 1500, 100), stage(1, 500, 0),
               job(1, [2], None), stage(2, 9000, 7),  # no step's
               job(2, [3], "someone else's group"), stage(3, 9000, 7),
-              job(3, [4], PREFIX + "replay"), stage(4, 400, 40)]
+              job(3, [4], PREFIX + "replay"), stage(4, 400, 40), stage(4, 400, 40, attempt=1)]  # retried
     path = tmp_path / "local-1"
     path.write_text("\n".join(json.dumps(e) for e in events) + '\n{"Event": "SparkListenerStageCom')
     got = {k: m.as_dict() for k, m in per_step(path).items()}
     assert got == {
         "demand": {"stages": 2, "tasks": 4, "task_s": 2.0, "cpu_s": 1.0, "gc_s": 0.0, "input_rows": 100,
                    "input_bytes": 0, "shuffle_write_bytes": 0, "shuffle_read_bytes": 30},
-        "replay": {"stages": 1, "tasks": 2, "task_s": 0.4, "cpu_s": 0.2, "gc_s": 0.0, "input_rows": 40,
-                   "input_bytes": 0, "shuffle_write_bytes": 0, "shuffle_read_bytes": 15},
+        "replay": {"stages": 1, "tasks": 4, "task_s": 0.8, "cpu_s": 0.4, "gc_s": 0.0, "input_rows": 80,
+                   "input_bytes": 0, "shuffle_write_bytes": 0, "shuffle_read_bytes": 30},
     }
     assert latest_log(tmp_path, "local-1") == path
     assert latest_log(tmp_path, "local-2") is None
