@@ -86,11 +86,8 @@ def throttling(principals: PandasFrame) -> PandasFrame:
     rejected, and the throttle time per second of activity (1.0: throttled all the time it was
     active); then the same for what quotas in shadow mode would have done (``shadow_*``), none of
     which was applied. Most throttle time first."""
-    out = principals[[*PRINCIPAL, "requests", "throttled", "rejected", "throttle_time_ms", "active_seconds"]].copy()
+    out = principals.copy()
     for prefix in ("", "shadow_"):
-        if prefix:
-            for c in ("throttled", "rejected", "throttle_time_ms"):
-                out[f"{prefix}{c}"] = principals[f"{prefix}{c}"]
         out[f"{prefix}throttled_ratio"] = _ratio(principals[f"{prefix}throttled"], principals["requests"])
         out[f"{prefix}rejected_ratio"] = _ratio(principals[f"{prefix}rejected"], principals["requests"])
         out[f"{prefix}throttle_time_ratio"] = _ratio(principals[f"{prefix}throttle_time_ms"],

@@ -85,35 +85,39 @@ def recommendations(intervals: DataFrame, pid_windows: DataFrame, share: float, 
               + ", ".join(f"{label} double" for label in labels)
               + ", max double, admitting double, per_request double, recommended double")
 
-    def rate_kinds() -> Callable[[PandasFrame], list[tuple[object, ...]]]:
-        return lambda group: [
-            _recommend(group["user"].iat[0], group["client_id"].iat[0], kind, amount / seconds, seconds, amount,
-                       requests, quantiles, share, headroom, measured_over_s)
-            for kind, amount, seconds, requests in _samples(group)]
-
-    def per_window() -> Callable[[PandasFrame], list[tuple[object, ...]]]:
-        (kind,) = PER_WINDOW
-        return lambda group: [_recommend(
-            group["user"].iat[0], "", kind, amount, np.ones(len(amount)), amount, 0.0, quantiles, share, headroom,
-            measured_over_s) for amount in [group["amount"].to_numpy(dtype=float)]]
+    def build(samples: Callable[[PandasFrame], Iterator[Samples]]) -> Callable[[], Callable[[PandasFrame], list[Row]]]:
+        return lambda: lambda group: [
+            _recommend(group["user"].iat[0], group["client_id"].iat[0], kind, amount, seconds, requests, quantiles,
+                       share, headroom, measured_over_s) for kind, amount, seconds, requests in samples(group)]
 
     columns = [*PRINCIPAL, "interval_seconds", *RATE_KINDS, *(f"{k}__requests" for k in RATE_KINDS)]
-    by_principal = per_group(intervals.select(*columns), PRINCIPAL, (), tasks_for(intervals, rows), rate_kinds,
-                             schema)
-    by_user = per_group(pid_windows.select("user", F.col("amount")), ("user",), (), tasks_for(pid_windows),
-                        per_window, schema)
+    by_principal = per_group(intervals.select(*columns), PRINCIPAL, (), tasks_for(intervals, rows),
+                             build(_rate_samples), schema)
+    by_user = per_group(pid_windows.select("user", F.lit("").alias("client_id"), "amount"), ("user",), (),
+                        tasks_for(pid_windows), build(_window_samples), schema)
     return by_principal.unionByName(by_user)
 
 
-def _samples(group: PandasFrame) -> Iterator[tuple[str, np.ndarray, np.ndarray, float]]:
-    """(kind, amount, seconds, requests) for each rate kind of one principal's intervals: the
-    intervals with some of the kind's amount, and the requests of the APIs it charges."""
+Samples = tuple[str, np.ndarray, np.ndarray, float]  # (kind, amount, seconds, requests) of one principal
+Row = tuple[object, ...]
+
+
+def _rate_samples(group: PandasFrame) -> Iterator[Samples]:
+    """Each rate kind of one principal's intervals: the intervals with some of the kind's amount,
+    and the requests of the APIs it charges."""
     seconds = group["interval_seconds"].to_numpy(dtype=float)
     for kind in RATE_KINDS:
         amount = group[kind].to_numpy(dtype=float)
         used = amount > 0
         if used.any():
             yield kind, amount[used], seconds[used], float(group[f"{kind}__requests"].to_numpy(dtype=float)[used].sum())
+
+
+def _window_samples(group: PandasFrame) -> Iterator[Samples]:
+    """One user's new producer ids per window: its rate is per window, not per second."""
+    (kind,) = PER_WINDOW
+    amount = group["amount"].to_numpy(dtype=float)
+    yield kind, amount, np.ones(len(amount)), 0.0
 
 
 def split(both: PandasFrame) -> tuple[PandasFrame, PandasFrame]:
@@ -136,10 +140,10 @@ def _label(quantile: float) -> str:
     return f"{quantile * 100:g}".replace(".", "_")
 
 
-def _recommend(user: str, client_id: str, kind: str, rate: np.ndarray, seconds: np.ndarray, amount: np.ndarray,
-               requests: float, quantiles: Sequence[float], share: float, headroom: float,
-               measured_over_s: float) -> tuple[object, ...]:
+def _recommend(user: str, client_id: str, kind: str, amount: np.ndarray, seconds: np.ndarray, requests: float,
+               quantiles: Sequence[float], share: float, headroom: float, measured_over_s: float) -> Row:
     """One (user, client_id, kind)'s row of :func:`recommendations` from its samples."""
+    rate = amount / seconds
     q = admitting(rate, seconds, share)
     total = float(amount.sum())
     allowance = total / requests / measured_over_s if kind in WINDOWED_RATE_KINDS and requests > 0 else 0.0

@@ -3,8 +3,9 @@ proxy's own engines (``quotas.QuotaManager``, ``quotas.producer_ids.ProducerIdQu
 built by ``config.engines`` exactly as the proxy builds them).
 
 Each (proxy, user)'s usage rows are replayed in time order, all through one set of fresh engines
-(state per user and per (user, client id) lives in the same engines, as in the proxy). A row's requests are spread
-evenly over its interval as up to ``max_events`` events that split its amounts; each event is
+(state per user and per (user, client id) lives in the same engines, as in the proxy). A row's
+requests are spread evenly over its interval as up to ``max_events`` events that split its
+amounts; each event is
 charged as the proxy charges a request, in the proxy's filter order:
 
 - every request: ``request_rate``;
