@@ -90,6 +90,7 @@ class FleetExchange:
         self.loaded = asyncio.Event()  # the usage inside the window read once
         self.fallback = False
         self.fallback_total = 0  # times the fallback started
+        self.fallback_since_ms = 0  # the clock when the last fallback started
         self.errors: Counter[str] = Counter()  # op -> failures
         self.ignored: Counter[str] = Counter()  # reason -> records ignored
         self.reports_sent = 0
@@ -98,13 +99,14 @@ class FleetExchange:
         self.remote_applied = 0
         self._seq = 0
         self._carry: dict[tuple[str, str | None, str | None], float] = {}
-        self._last_write_ms = self._last_read_ms = clock()
+        self.last_write_ms = self.last_read_ms = clock()  # the last write and read that succeeded
         self._known_members = 1  # the fleet's size before the topic went out of reach (with us)
         self._tasks: list[asyncio.Task[None]] = []
         self._producer: PartitionProducer | None = None
         self._created = False
         self._caught_up: set[int] = set()  # partitions read up to their end once
         self._next_offsets: dict[int, int] = {}  # partition -> the next offset to read
+        self._read_retries = 0  # failed reads in a row: the backoff before the next
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -112,7 +114,8 @@ class FleetExchange:
         if not self.instance_id:
             self.instance_id = instance_id
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._publish()), loop.create_task(self._follow())]
+        self._tasks = [loop.create_task(self._publish()), loop.create_task(self._follow()),
+                       loop.create_task(self._watch())]
         log.info("fleet: instance %s sharing usage through %s every %d ms (member timeout %d ms, fallback %s)",
                  self.instance_id, self.config.topic, self.config.sync_interval_ms, self.config.member_timeout_ms,
                  self.config.fallback)
@@ -159,7 +162,7 @@ class FleetExchange:
                     self._producer.failed(exc)
             else:
                 self._carry.clear()  # entries the report did not carry (amounts of 0) included
-                self._last_write_ms = self._clock()
+                self.last_write_ms = self._clock()
             self._check_fallback()
 
     async def _send(self, chunks: list[tuple[bytes, tuple[UsageEntry, ...]]]) -> None:
@@ -188,7 +191,6 @@ class FleetExchange:
     # -- reading --------------------------------------------------------------------------
 
     async def _follow(self) -> None:
-        attempt = 0
         while True:
             try:
                 if not self._created:
@@ -200,8 +202,8 @@ class FleetExchange:
             except* _FAILURES as failures:
                 self._failed("read", failures.exceptions[0])
                 self._check_fallback()
-                await asyncio.sleep(KAFKA_BACKOFF.delay_s(attempt, 0.5))
-                attempt = min(attempt + 1, 10)
+                await asyncio.sleep(KAFKA_BACKOFF.delay_s(self._read_retries, 0.5))
+                self._read_retries = min(self._read_retries + 1, 10)
 
     async def _follow_leader(self, leader: tuple[str, int], partitions: list[int]) -> None:
         async with await self._cluster.dialer.open(leader, self._timeout_s) as conn:
@@ -218,7 +220,8 @@ class FleetExchange:
                 async with asyncio.timeout(self._timeout_s + wait_ms / 1000):
                     highs = await self._fetch(conn, offsets, wait_ms)
                 self._next_offsets.update(offsets)
-                self._last_read_ms = self._clock()
+                self.last_read_ms = self._clock()
+                self._read_retries = 0  # the next outage backs off from Kafka's first retry again
                 self._expire_members()
                 self._check_fallback()
                 if not self.loaded.is_set() and all(offsets[p] >= max(highs.get(p, 0), ends[p]) for p in partitions):
@@ -343,20 +346,32 @@ class FleetExchange:
 
     # -- fallback -------------------------------------------------------------------------
 
+    async def _watch(self) -> None:
+        """Checks for the fallback on a clock of its own: a write or read that fails slowly (a
+        producer retrying, a reconnect's backoff) must not put off the fallback past
+        ``member_timeout_ms`` plus one check."""
+        period_s = min(self.config.sync_interval_ms, self.config.member_timeout_ms) / 1000 / 2
+        while True:
+            await asyncio.sleep(period_s)
+            self._check_fallback()
+
     def _check_fallback(self) -> None:
         now = self._clock()
         timeout = self.config.member_timeout_ms
-        out_of_reach = now - self._last_write_ms >= timeout or now - self._last_read_ms >= timeout
+        unwritten_ms, unread_ms = now - self.last_write_ms, now - self.last_read_ms
+        out_of_reach = unwritten_ms >= timeout or unread_ms >= timeout
         if out_of_reach and not self.fallback:
             self.fallback = True
             self.fallback_total += 1
+            self.fallback_since_ms = now
             self._known_members = len(self.members) + 1
             if self.config.fallback == "share":
                 self._manager.set_share(self._known_members)
             self._pace()
             self.loaded.set()  # ready all the same: what is enforced is the fallback's
-            log.warning("fleet: the usage topic %s is out of reach for %d ms: fallback %s", self.config.topic,
-                        timeout, self._fallback_text())
+            log.warning("fleet: the usage topic %s is out of reach (not written for %d ms, not read for %d ms; "
+                        "member timeout %d ms): fallback %s", self.config.topic, unwritten_ms, unread_ms, timeout,
+                        self._fallback_text())
         elif not out_of_reach and self.fallback:
             self.fallback = False
             self._manager.set_share(1)

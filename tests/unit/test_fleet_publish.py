@@ -52,3 +52,37 @@ def test_chunks_carry_the_entries_their_records_hold():
     entries = tuple(UsageEntry(PRODUCER_BYTE_RATE, f"user-{i:05d}", None, float(i)) for i in range(2000))
     for value, carried_entries in encode_chunks(UsageReport("a", 1, 10, 5, 250, entries), max_bytes=4096):
         assert decode_report(value).entries == carried_entries
+
+
+def test_the_fallback_starts_on_time_while_writes_and_reads_hang():
+    """A usage topic that never answers (every write and read hangs until the 30 s timeout) still
+    starts the fallback once ``member_timeout_ms`` has passed without a write or read: the check
+    runs on a clock of its own, not after a hanging operation ends."""
+    config = FleetConfig(enabled=True, instance_id="a:9092", sync_interval_ms=50, member_timeout_ms=300,
+                         fallback="local")
+    fleet = FleetExchange(config, None, QuotaManager([]), timeout_s=30.0, window_ms=1000)  # type: ignore[arg-type]
+
+    async def hang(*_args) -> None:
+        await asyncio.Event().wait()
+
+    fleet._write = hang  # type: ignore[method-assign]
+    fleet._follow = hang  # type: ignore[method-assign]
+
+    async def scenario() -> tuple[bool, float]:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        fleet.start("a:9092")
+        try:
+            await asyncio.sleep(0.1)
+            early = fleet.fallback  # 100 ms in: well inside the member timeout
+            while not fleet.fallback and loop.time() - started < 10:
+                await asyncio.sleep(0.01)
+            return early, loop.time() - started
+        finally:
+            await fleet.stop()
+
+    early, engaged_s = asyncio.run(scenario())
+    assert not early
+    assert fleet.fallback and fleet.fallback_total == 1
+    # Not before the member timeout; long before the hanging operations' 30 s timeout.
+    assert 0.3 <= engaged_s < 10, engaged_s
