@@ -73,12 +73,18 @@ def load_config(file: str | Path, filters: bool = True) -> Config:
 
 def yaml_document(path: str, data: bytes) -> Any:
     """``data``, the bytes of the file at ``path``, as YAML loads it; ConfigError naming ``path``
-    when it is not UTF-8 or not YAML (an integer too long for Python to read included)."""
+    when it is not UTF-8 or not YAML (an integer too long for Python to read included), its
+    line and column marks naming ``path`` too."""
     try:
         return yaml.safe_load(data.decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise ConfigError(path, f"not UTF-8: {exc}") from exc
     except (yaml.YAMLError, ValueError) as exc:
+        if isinstance(exc, yaml.MarkedYAMLError):
+            # PyYAML names a string's marks "<unicode string>"; a file's would lose the snippet.
+            for mark in (exc.context_mark, exc.problem_mark):
+                if mark is not None:
+                    mark.name = path
         raise ConfigError(path, f"not valid YAML: {exc}") from exc
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .frames import PandasFrame
+from .outliers import population_words
 
 if TYPE_CHECKING:
     from .outliers import Flag, Rule
@@ -98,13 +99,16 @@ def outlier_header(rule: Rule | None, flags: list[Flag], notes: list[str]) -> li
 
 def outlier_headlines(flags: list[Flag], notes: list[str]) -> list[str]:
     """One line per outlier (its demand, the bound it gets and where from, its own
-    recommendation), and a line per kind too small to judge."""
+    recommendation, and who "the other principals" of its kind are), and a line per kind too
+    small to judge."""
     lines = []
     for f in flags:
         user, client_id = f.verdict.key
         who = f"{user} / {client_id}" if client_id else user
+        # "the other N principals" differs per kind (each has its own population): say which.
         lines.append(f"outlier: {who}, {f.verdict.kind} p99 {f.verdict.statistic:,.1f} over the threshold "
                      f"{f.verdict.threshold:,.1f}: quota {f.bound:,.0f} "
                      f"({f.basis}), "
-                     f"not {f.own:,.0f} from its own demand")
+                     f"not {f.own:,.0f} from its own demand; {f.verdict.kind} is judged among "
+                     f"{population_words(f.verdict.kind)}")
     return lines + notes

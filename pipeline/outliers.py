@@ -245,6 +245,18 @@ def _reason(v: Verdict, own: float, bound: float, fleet_rec: float, rule: Rule, 
 
 # -- the report's tables ------------------------------------------------------------------------
 
+def population_words(kind: str) -> str:
+    """Who ``kind``'s outliers are judged against, in words: the population :func:`populations`
+    builds (whoever had demand of the kind belongs to it too)."""
+    if kind in EVERYONE:
+        return "every principal in the log"
+    if kind == PRODUCER_IDS_RATE:
+        return "the users that sent Produce"
+    if kind in (CONSUMER_BYTE_RATE, CONSUMER_RECORD_RATE):
+        return "the principals that sent Fetch or ShareFetch"
+    return "the principals that sent Produce"
+
+
 def populations(principals: PandasFrame, other: str = OTHER) -> dict[str, list[Key]]:
     """Each kind's population from ``principals`` (pandas: user, client_id, and per rate kind
     ``<kind>__requests``, the requests of the APIs it charges); the overflow row is nobody."""

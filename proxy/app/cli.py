@@ -28,8 +28,9 @@ log = logging.getLogger(__name__)
 
 _DESCRIPTION = ("A Kafka-protocol proxy that enforces Kafka's quotas in front of any Kafka cluster. "
                 "Every subcommand has its own --help.")
-_EPILOG = ("After make, run it as .venv/bin/kafka-quota-proxy, or activate the venv first (source "
-           ".venv/bin/activate). config/example.yaml is a configuration to start from.")
+_EPILOG = ("make test and make demo install it into .venv: run 'source .venv/bin/activate' to have "
+           "kafka-quota-proxy on the PATH, or 'pip install .' in an environment of your own. "
+           "config/example.yaml is a configuration to start from, with every section and key.")
 
 
 def package_version() -> str:
@@ -158,9 +159,12 @@ def check_config(file: str) -> int:
 
 
 def _invalid(exc: ConfigError, file: str) -> int:
-    """Prints ``exc`` for an operator: one line, or with several errors one line each."""
+    """Prints ``exc`` for an operator, always naming ``file``: one line (``FILE: YAML path:
+    message``), or with several errors one line each under a line naming the file."""
     if len(exc.errors) == 1:
-        print(f"invalid configuration: {exc}", file=sys.stderr)
+        # An error of the file as a whole (unreadable, not YAML) already names it.
+        where = "" if Path(exc.path) == Path(file) else f"{file}: "
+        print(f"invalid configuration: {where}{exc}", file=sys.stderr)
     else:
         print(f"invalid configuration: {len(exc.errors)} errors in {file}", file=sys.stderr)
         for error in exc.errors:
@@ -221,12 +225,13 @@ class Listening(Protocol):
 
 def write_ready_file(path: str, server: Listening, workers: list[int] | None = None) -> None:
     """Where ``server`` (a proxy, or a supervisor with the pids of its ``workers``) listens, as
-    JSON in ``path`` (written whole: a reader never sees half of it)."""
+    JSON in ``path``, written whole: a reader sees the old file or the new one, never half of
+    one (a temporary file in the same directory, renamed over it)."""
     # bootstrap_address is set once start() returned.
     info: dict[str, Any] = {"pid": os.getpid(), "bootstrap": list(cast("tuple[str, int]", server.bootstrap_address))}
     info["metrics"] = list(server.metrics_address) if server.metrics_address else None
     if workers is not None:
         info["workers"] = workers
-    tmp = Path(path).with_suffix(".tmp")
+    tmp = Path(f"{path}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(info))
-    tmp.replace(path)
+    os.replace(tmp, path)

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 TOPIC = "demo-events"
 RECORDS = 5_000
 PRODUCER_IDS_PER_MINUTE = 5
+SAMPLE_TENANTS = 20  # steady tenants of the sample usage the report runs on
 
 
 class _ClientRound(TypedDict):
@@ -165,15 +166,19 @@ def _metric_lines(url: str, prefixes: tuple[str, ...]) -> list[str]:
 
 
 def _sample_report(workdir: Path, verbose: bool) -> list[str]:
-    """Generated usage of 20 tenants (with a noisy neighbour, a topic storm and a restart loop)
-    through ``kafka-quota-proxy report``."""
+    """Generated usage of 20 steady tenants plus a noisy neighbour, a topic storm and a restart
+    loop through ``kafka-quota-proxy report``."""
     import importlib.util
 
-    from pipeline.generate import generate
+    from pipeline.generate import NOISY, RESTARTS, STORM, generate
 
     sample = workdir / "sample-usage"
-    rows = generate(sample, principals=20, hours=2)
-    print(f"\ngenerated {rows:,} usage rows of 20 tenants over 2 hours in {sample}")
+    rows = generate(sample, principals=SAMPLE_TENANTS, hours=2)
+    # Say what is counted: the report's lines count principals (user / client id), and "the other
+    # N principals" of an outlier line are those of its quota kind, not the 20 tenants.
+    print(f"\ngenerated {rows:,} usage rows over 2 hours in {sample}")
+    print(f"   {SAMPLE_TENANTS + 3} principals: {SAMPLE_TENANTS} steady tenants (half produce, half consume), "
+          f"a noisy neighbour ({NOISY[0]}), a topic storm ({STORM[0]}) and a producer restart loop ({RESTARTS[0]})")
     if importlib.util.find_spec("pyspark") is None or shutil.which("java") is None:
         print("   (report skipped: it needs the pipeline extra and Java 17 — "
               "pip install 'kafka-quota-proxy[pipeline]', apt-get install openjdk-17-jre-headless)")
@@ -183,7 +188,7 @@ def _sample_report(workdir: Path, verbose: bool) -> list[str]:
 
     spark_log = workdir / "spark.log"
     print("running the report on it with Spark (local[*]), about a minute"
-          + (", its progress below:" if verbose else f" (Spark's own output: {spark_log})..."))
+          + (", its progress below:" if verbose else f"; Spark's own output goes to {spark_log}"))
     try:
         with contextlib.nullcontext() if verbose else _stderr_to(spark_log):
             try:
@@ -191,7 +196,7 @@ def _sample_report(workdir: Path, verbose: bool) -> list[str]:
             finally:
                 _stop_spark()  # its JVM and Python workers need not outlive the report
     except UsageError as exc:
-        print(f"   report failed: {exc} (see {spark_log})")
+        print(f"   report failed: {exc}; Spark's own output is in {spark_log}")
         return []
     for line in result.headlines:
         print(f"   {line}")
@@ -307,8 +312,8 @@ async def run_demo(duration_s: float | None, report: bool = True, verbose: bool 
         for line in lines:
             print("   ", line)
         reported = await asyncio.to_thread(_sample_report, workdir, verbose) if report else []
-        print(f"\nThe proxy's own usage log (every 2 s): {workdir / 'usage'}; a report on it:\n"
-              f"   {_tool()} report --usage {workdir / 'usage'} --out {workdir / 'live-report'}")
+        print(f"\nThe proxy's own usage log (every 2 s) is in {workdir / 'usage'}")
+        print(f"a report on it:\n   {_tool()} report --usage {workdir / 'usage'} --out {workdir / 'live-report'}")
         print("\nSummary:")
         print(f"   {result['consumed']:,} of {RECORDS:,} records produced and consumed back through the proxy")
         print(f"   topic storm (controller_mutation_rate): {sum(r['admitted'] for r in storm)} topics created, "
@@ -317,8 +322,12 @@ async def run_demo(duration_s: float | None, report: bool = True, verbose: bool 
               f"{sum(r['error'] == 89 for r in restarts)} were refused")
         for line in reported:
             print(f"   {line}")
-        print(f"\nPoint any Kafka client at {bootstrap}. Metrics: {metrics_url}  Health: "
-              f"{metrics_url.replace('/metrics', '/healthz')}")
+        # Each address on a line of its own, nothing touching it: it is copied from here.
+        print("\nPoint any Kafka client at this bootstrap address:")
+        print(f"   {bootstrap}")
+        print("Metrics and health:")
+        print(f"   {metrics_url}")
+        print(f"   {metrics_url.replace('/metrics', '/healthz')}")
         await _wait(duration_s)
         return 0 if result["consumed"] == RECORDS else 1
 

@@ -17,6 +17,9 @@ What it guarantees:
   checked as a start checks it (a rate limiter refusing its settings included), and only then
   its very bytes go to every worker, so a broken file is refused for all alike and never half
   applied; the TLS files are read again by each worker.
+- **A true ready file.** With ``--ready-file``, once every worker serves, the file names the
+  supervisor's pid, the addresses and the workers' pids; it is rewritten (whole: a reader never
+  sees half of it) each time a worker is started again, so its ``workers`` are the pids running.
 - **One view.** ``/metrics`` merges every worker's (proxy.observability.host_metrics) with this
   process's own (``kqp_workers``, restarts, connection admission); ``/healthz`` is ok while every
   worker is running and heartbeating; ``/readyz`` is ready when every worker is ready.
@@ -42,6 +45,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from config.engines import quota_manager_for
 from config.model import Config
+from proxy.app.cli import write_ready_file
 from proxy.app.server import close_limiter, rate_limiters_for
 from proxy.control.reload_watch import ConfigFile, ConfigWatcher, watch_config
 from proxy.control.worker_channel import Channel, ChannelError
@@ -80,8 +84,11 @@ class Slot:
 class Supervisor:
     """See the module docstring."""
 
-    def __init__(self, loaded: ConfigFile, log_level: str = "info", log_format: str = "text") -> None:
+    def __init__(self, loaded: ConfigFile, log_level: str = "info", log_format: str = "text",
+                 ready_file: str | None = None) -> None:
         self.loaded = loaded
+        self.ready_file = ready_file
+        self._ready_written = False  # written first once every worker serves, then kept true
         self.config = loaded.config
         self.count = worker_count(self.config.workers.count)
         self._log = (log_level, log_format)
@@ -149,6 +156,18 @@ class Supervisor:
         self.hub.close()
         if self._bootstrap is not None:
             self._bootstrap.close()
+
+    def worker_pids(self) -> list[int]:
+        """The pid of each slot's latest worker process, in slot order."""
+        return [s.process.pid for s in self.slots if s.process is not None]
+
+    def write_ready_file(self) -> None:
+        """Writes the ready file (when there is one) with the workers' pids now; after the first
+        write, every worker restart calls it again."""
+        if self.ready_file is None:
+            return
+        write_ready_file(self.ready_file, self, workers=self.worker_pids())
+        self._ready_written = True
 
     def signal_workers(self, sig: int) -> None:
         for slot in self.slots:
@@ -236,6 +255,11 @@ class Supervisor:
                     return
                 continue
             slot.restarts += 1
+            if self._ready_written:  # its pid changed: the file must not name a dead worker
+                try:
+                    self.write_ready_file()
+                except OSError as exc:  # the worker serves all the same
+                    log.error("ready file %s not rewritten: %s", self.ready_file, exc)
             return
 
     async def _watch_heartbeats(self) -> None:
@@ -346,9 +370,7 @@ class _SupervisorCollector:
 async def supervise(loaded: ConfigFile, ready_file: str | None, log_level: str, log_format: str) -> int:
     """Runs a host of workers until SIGTERM or SIGINT (exit 0) or until they cannot be kept up
     (exit 1); changes of the configuration file are applied, SIGHUP reloads it."""
-    from proxy.app.cli import write_ready_file
-
-    supervisor = Supervisor(loaded, log_level, log_format)
+    supervisor = Supervisor(loaded, log_level, log_format, ready_file)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -367,8 +389,8 @@ async def supervise(loaded: ConfigFile, ready_file: str | None, log_level: str, 
         await supervisor.stop()
         return 1
     watching = loop.create_task(watch_config(watcher))
-    if ready_file and not supervisor.gave_up.is_set():
-        write_ready_file(ready_file, supervisor, workers=[s.process.pid for s in supervisor.slots if s.process])
+    if not supervisor.gave_up.is_set():
+        supervisor.write_ready_file()
     gave_up = loop.create_task(supervisor.gave_up.wait())
     stopped = loop.create_task(stop.wait())
     await asyncio.wait([gave_up, stopped], return_when=asyncio.FIRST_COMPLETED)

@@ -51,6 +51,10 @@ def test_the_demo_shows_its_own_lines_and_leaves_nothing_behind(tmp_path):
         assert line in out, f"{line!r} missing from:\n{out}"
     # Only the demo's own lines: no log records of kafka-python or of the proxy.
     assert not re.search(r"level=(INFO|WARNING)|logger=kafka|^INFO:|^WARNING:", out, re.M), out
+    # Every address on a line of its own, nothing touching it: what is copied is the address.
+    assert re.search(r"^Point any Kafka client at this bootstrap address:\n   127\.0\.0\.1:\d+\n"
+                     r"Metrics and health:\n   http://127\.0\.0\.1:\d+/metrics\n"
+                     r"   http://127\.0\.0\.1:\d+/healthz\n", out, re.M), out
     storm = re.search(r"topic storm \(controller_mutation_rate\): (\d+) topics created, (\d+) refused", out)
     assert storm and int(storm[1]) > 0 and int(storm[2]) > 0
     # The tool to run again is named as it can be typed from here.
@@ -82,6 +86,7 @@ def children(pid: int) -> list[str]:
     return found
 
 
+@pytest.mark.slow
 def test_with_the_report_spark_is_quiet_and_gone_before_the_demo_runs_on(tmp_path):
     demo = subprocess.Popen([sys.executable, "-m", "proxy", "demo", "--duration", "6"], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,

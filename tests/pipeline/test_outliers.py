@@ -7,6 +7,7 @@ import pytest
 import yaml
 
 from config.loader import load_config
+from pipeline.headlines import outlier_headlines
 from pipeline.kinds import ALL_KINDS, RATE_KINDS
 from pipeline.outliers import (
     FLOORS,
@@ -18,6 +19,7 @@ from pipeline.outliers import (
     nearest_rank,
     outlier_rows,
     parse_floors,
+    population_words,
     replay_outcome,
 )
 from pipeline.recommend import entity_key, quota_entries, quotas_yaml
@@ -124,6 +126,25 @@ def test_assess_counts_principals_without_demand_and_says_why():
         "recommendations (0), not 2,139 from its own demand")
     assert notes == ["outliers not judged for request_rate (2 principals): 5 other principals of a kind needed "
                      "(--outlier-min-principals)"]
+
+
+def test_an_outlier_headline_says_who_the_other_principals_are():
+    """"the other N principals" counts the kind's population, not every principal of the log:
+    the headline says which population that is."""
+    steady = [(f"t{i}", "") for i in range(10)]
+    population = {PRODUCER_IDS_RATE: [*steady, ("loop", "")],
+                  CONTROLLER_MUTATION_RATE: [(f"t{i}", "c") for i in range(20)] + [("storm", "tf")]}
+    stats = {(PRODUCER_IDS_RATE, ("loop", "")): 1800.0, (CONTROLLER_MUTATION_RATE, ("storm", "tf")): 84.0}
+    recommended = {(PRODUCER_IDS_RATE, ("loop", "")): 2139.0, (CONTROLLER_MUTATION_RATE, ("storm", "tf")): 85.0}
+    _, flags, notes = assess(population, stats, recommended, Rule())
+    lines = outlier_headlines(flags, notes)
+    assert [line.rsplit("; ", 1)[1] for line in lines] == [
+        "producer_ids_rate is judged among the users that sent Produce",
+        "controller_mutation_rate is judged among every principal in the log"]
+    assert "other 10 principals" in lines[0] and "other 20 principals" in lines[1]
+    assert {population_words(kind) for kind in ALL_KINDS} == {
+        "every principal in the log", "the users that sent Produce", "the principals that sent Produce",
+        "the principals that sent Fetch or ShareFetch"}
 
 
 def test_assess_bound_from_the_others_recommendations():

@@ -1,6 +1,7 @@
 """The first things a new operator types: ``--help`` lists every subcommand with a sentence and
 reads as plain text, and the README's "Running it" commands work as typed after the set-up
-command (the tool in .venv/bin, the example configuration where the README says)."""
+command and the virtualenv's activation the README asks for (the tool on the PATH, the example
+configuration where the README says)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def test_help_lists_every_subcommand_with_a_sentence_in_plain_text(capsys):
     assert set(subcommands) == {"run", "check-config", "demo", "report", "generate-usage", "quotas"}
     for name in subcommands:
         assert re.search(rf"^    {re.escape(name)}\s+\S", text, re.M), f"{name} has no line of its own"
-    assert ".venv/bin/kafka-quota-proxy" in text and "config/example.yaml" in text
+    assert ".venv/bin/activate" in text and "config/example.yaml" in text
 
 
 def running_it_commands() -> list[str]:
@@ -37,15 +38,17 @@ def running_it_commands() -> list[str]:
 
 
 def test_the_readme_running_it_commands_work_as_typed():
+    readme = (ROOT / "README.md").read_text()
+    assert "```sh\n. .venv/bin/activate\n```" in readme.split("## Running it", 1)[0]  # said before them
     commands = running_it_commands()
-    assert all(c.startswith(".venv/bin/") for c in commands), commands
+    assert all(c.split()[0] in ("kafka-quota-proxy", "python") for c in commands), commands
     for command in commands:
         if " run " in command:
             continue  # needs a cluster; its configuration is the one check-config validates below
         argv = command.split()
-        # The venv running this test is the one make installs; its interpreter stands for
-        # .venv/bin/python, and the console script is `python -m proxy`.
-        exe = [sys.executable] if argv[0] == ".venv/bin/python" else [sys.executable, "-m", "proxy"]
+        # The venv running this test is the one make installs and the README activates: its
+        # interpreter stands for `python`, and the console script is `python -m proxy`.
+        exe = [sys.executable] if argv[0] == "python" else [sys.executable, "-m", "proxy"]
         done = subprocess.run(exe + argv[1:], cwd=ROOT, capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, (command, done.stdout, done.stderr)
     config = next(c for c in commands if "check-config" in c).split()[-1]

@@ -203,6 +203,7 @@ def test_load_config_invalid_yaml(tmp_path):
     with pytest.raises(ConfigError) as info:
         load_config(bad)
     assert str(bad) in str(info.value) and "YAML" in str(info.value)
+    assert f'in "{bad}", line 1' in str(info.value) and "<unicode string>" not in str(info.value)
 
 
 def test_load_config_reports_yaml_path(tmp_path):

@@ -200,6 +200,23 @@ def test_check_config_lists_every_error_one_per_line(tmp_path, capsys):
     assert "did you mean producer_byte_rate?" in lines[1]
 
 
+def test_check_config_names_the_file_whatever_the_error(tmp_path, capsys):
+    """One error names the file as several do: a YAML syntax error with the file's own line and
+    column (not PyYAML's "<unicode string>"), and a bad value before its YAML path."""
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("upstream:\n  bootstrap_servers: ['k:9092']\nlisten:\n  host: 0.0.0.0\n  port: [1, 2\n")
+    assert main(["check-config", str(broken)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"invalid configuration: {broken}: not valid YAML: "), err
+    assert f'in "{broken}", line 5, column 9' in err and "<unicode string>" not in err, err
+    one = tmp_path / "one.yaml"
+    one.write_text("upstream:\n  bootstrap_servers: ['k:9092']\nlisten:\n  bootstrap_port: 99999\n")
+    assert main(["check-config", str(one)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"invalid configuration: {one}: listen.bootstrap_port: must be an integer"), err
+    assert err.count("\n") == 1, err
+
+
 def test_a_reload_of_a_file_with_several_errors_changes_nothing_and_logs_them_all(tmp_path, caplog):
     path = tmp_path / "config.yaml"
     path.write_text("upstream:\n  bootstrap_servers: ['k:9092']\nmetrics:\n  enabled: false\n"

@@ -315,7 +315,7 @@ def test_check_config_imports_and_tries_every_factory(tmp_path, capsys):
     bad.write_text(BAD_FILE)
     assert main(["check-config", str(bad)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("invalid configuration: filters[1].factory: 'proxy.dataplane.filters.topic_policy' "
+    assert err.startswith(f"invalid configuration: {bad}: filters[1].factory: 'proxy.dataplane.filters.topic_policy' "
                           "has no 'no_such_factory'"), err
     good = tmp_path / "good.yaml"
     good.write_text(BAD_FILE.rsplit("  - factory:", 1)[0])
@@ -330,7 +330,7 @@ def test_check_config_as_an_operator_runs_it(tmp_path):
     done = subprocess.run([sys.executable, "-m", "proxy", "check-config", str(bad)], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done
-    assert done.stderr.startswith("invalid configuration: filters[1].config: "
+    assert done.stderr.startswith(f"invalid configuration: {bad}: filters[1].config: "
                                   "proxy.dataplane.filters.topic_policy:topic_prefix_policy refused its config "
                                   "{'prefixes': 'tmp-'}: ValueError("), done.stderr
 
