@@ -4,6 +4,8 @@
 #   make demo    install what the demo uses only (the package with its demo and pipeline extras, Java 17
 #                via apt-get when run as root), start a local broker (Tansu) with the proxy in front and use it
 #   make bench   install everything, run the benchmarks (bench/README.md)
+#   make test-stress  install everything, then the whole suite STRESS_RUNS times (default 3) with every
+#                core kept busy by CPU hogs (tests/under_load.py): what a loaded CI machine sees
 # Each install step prints one line; pip's and apt-get's own output goes to .venv/install.log, whose
 # end is printed when a step fails.
 # Override the interpreter with PYTHON=python3.12, pass arguments with DEMO_ARGS / BENCH_ARGS.
@@ -34,7 +36,7 @@ apt = if ! command -v $(2) >/dev/null 2>&1; then \
 	  fi; \
 	fi
 
-.PHONY: venv install demo-install kcat java stunnel test demo bench clean
+.PHONY: venv install demo-install kcat java stunnel test test-stress demo bench clean
 
 install: venv
 venv: $(STAMP) kcat java stunnel
@@ -81,6 +83,10 @@ test: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(VPY) -m pytest -q -ra
+
+STRESS_RUNS ?= 3
+test-stress: install
+	$(VPY) -m tests.under_load --runs $(STRESS_RUNS) -q -ra
 
 demo: demo-install
 	$(VENV)/bin/kafka-quota-proxy demo $(DEMO_ARGS)

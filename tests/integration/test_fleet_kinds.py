@@ -51,7 +51,7 @@ from tests.support.proxy_process import ProxyProcess
 from tests.support.rate_runs import fill_topic, fresh_topic, greedy_librdkafka
 from tests.support.tansu import TansuBroker
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180), pytest.mark.slow]
 
 RUN_S = 30.0
 MEMBERS = 3

@@ -63,7 +63,7 @@ from tests.support.tansu import TansuBroker
 from tests.support.threaded_server import ThreadedServer, pipe
 from tests.support.wire import request_bytes
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240), pytest.mark.slow]
 
 QUOTA = 1024 * 1024  # producer_byte_rate, bytes/s
 WINDOWS = {"quota_window_num": 11, "quota_window_size_seconds": 1}  # Kafka's defaults

@@ -9,8 +9,11 @@ connections pushing 4 MiB each of a huge frame grew it by 64 MB (every byte sent
 4,000 broker connections before sending a byte; no connection was ever refused.
 
 The sweep that enforces the timeouts runs every quarter of the shorter timeout (at most 1 s),
-so a deadline of T is met between T and T + T/4 after the state began; the bounds below add
-generous slack on top for a loaded machine, never less than T.
+so on a quiet machine a deadline of T is met between T and T + T/4 after the state began. The
+tests assert what holds on any machine: never before T (less 50 ms: the client's clock starts
+when its connect returns), for the right reason (the counter of that reason), and eventually
+(within WATCH_S more, the watches ending as soon as every socket is closed); how much after T
+depends on how busy the machine is.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 MiB = 1 << 20
 HUGE_SIZE_PREFIX = struct.pack(">i", 100_000_000)
-SLACK_S = 1.5  # on top of a deadline plus one sweep interval
+WATCH_S = 10.0  # on top of a deadline: how long a watch waits for a closure before giving up
 
 
 def _config(**connections) -> dict:
@@ -80,14 +83,16 @@ def _served(address, source_ip: str | None = None) -> socket.socket:
 
 
 def _assert_refused_at_once(address, source_ip: str | None = None) -> None:
-    """A new connection is closed by the proxy at once, before sending it a byte."""
+    """A new connection is closed by the proxy before sending it a byte: nothing but the refusal
+    closes one here (no partial or idle timeout shorter than the 10 min default, no throttle),
+    so closed at all is closed by it; the caller checks the reason's counter."""
     socks = hostile.connect_many(address, 1, source_ip=source_ip)
     try:
-        (seen,) = hostile.watch_eof(socks, 3.0).values()
+        (seen,) = hostile.watch_eof(socks, WATCH_S).values()
     finally:
         hostile.close_all(socks)
     assert seen.eof_at is not None, "a connection over the limit was kept open"
-    assert seen.lived_s < 0.5 and not seen.received, (seen.lived_s, bytes(seen.received))
+    assert not seen.received, (seen.lived_s, bytes(seen.received))
 
 
 # -- memory -------------------------------------------------------------------------------
@@ -109,12 +114,12 @@ def test_a_100_mb_size_prefix_costs_the_bytes_sent(tansu, proxy):
         # Not one complete request: not one broker connection.
         assert hostile.sockets_to_port(p.pid, tansu.port) == 0
         _bystander_ok(p)
-        seen = hostile.watch_eof(attackers, 1.0 + 0.25 + SLACK_S + 1.0, opened_at=opened)
+        seen = hostile.watch_eof(attackers, 1.0 + WATCH_S, opened_at=opened)
     finally:
         hostile.close_all(attackers)
     lived = sorted(w.lived_s for w in seen.values() if w.eof_at is not None)
     assert len(lived) == 8, f"only {len(lived)} of 8 unfinished frames were closed"
-    assert 0.95 <= lived[0] and lived[-1] <= 1.0 + 0.25 + SLACK_S, lived
+    assert 0.95 <= lived[0], lived
     assert not any(w.received for w in seen.values())
     assert _closed(p, "partial_request") == 8
     assert _wait_for_metric(p, "kqp_open_connections", 0) == 0
@@ -137,7 +142,7 @@ def test_huge_frames_really_sent_are_held_to_the_memory_budget(tansu, proxy):
         _bystander_ok(p)  # whole requests in one chunk hold nothing: served while the budget is spent
         # Only the reader's clock runs (time paused for memory does not count): it stalls, is
         # closed as unfinished, and the next nearest reads in its place; the others wait.
-        seen = hostile.watch_eof(attackers, 2 * 4.0 + 1.0 + SLACK_S, opened_at=opened)
+        seen = hostile.watch_eof(attackers, 2 * 4.0 + 2.5, opened_at=opened)
         after = p.metrics()
     finally:
         hostile.close_all(attackers)
@@ -214,23 +219,28 @@ def test_slowloris_and_silent_connections_are_closed_and_cost_the_brokers_nothin
         assert _wait_for_metric(p, "kqp_open_connections", 2 * n) == 2 * n
         assert hostile.sockets_to_port(p.pid, relay.port) == 0
         _bystander_ok(p)
-        seen = hostile.watch_eof(slowloris + silent, idle_s + 0.5 + SLACK_S + 2.0, opened_at=opened)
+        seen = hostile.watch_eof(slowloris + silent, idle_s + WATCH_S, opened_at=opened)
     finally:
         hostile.close_all(slowloris + silent)
     slow_lived = sorted(seen[s].lived_s for s in slowloris if seen[s].eof_at is not None)
     silent_lived = sorted(seen[s].lived_s for s in silent if seen[s].eof_at is not None)
     assert len(slow_lived) == n and len(silent_lived) == n, (len(slow_lived), len(silent_lived))
-    assert partial_s - 0.05 <= slow_lived[0] and slow_lived[-1] <= partial_s + 0.25 + SLACK_S, slow_lived[::30]
-    assert idle_s - 0.05 <= silent_lived[0] and silent_lived[-1] <= idle_s + 0.25 + SLACK_S, silent_lived[::30]
+    assert partial_s - 0.05 <= slow_lived[0], slow_lived[::30]
+    assert idle_s - 0.05 <= silent_lived[0], silent_lived[::30]
+    print(f"\nclosed after {slow_lived[0]:.2f}-{slow_lived[-1]:.2f} s (partial, {partial_s} s), "
+          f"{silent_lived[0]:.2f}-{silent_lived[-1]:.2f} s (idle, {idle_s} s)")
     assert not any(w.received for w in seen.values())
     assert _closed(p, "partial_request") == n
     assert _closed(p, "idle") == n
     # The broker saw one connection for all of this: the bystander's.
     assert len(relay.connections) == relayed_before + 1
-    # Each reason logged, at most 10 lines per 10 s (all closures here came within ~3 s).
-    for fragment in ("): partial request", "): idle"):
+    # Each reason logged, at most 10 lines per 10 s window, a window starting at its first line
+    # (never before the first connection's timeout) and its last line before the last EOF seen.
+    for fragment, group, timeout_s in (("): partial request", slowloris, partial_s), ("): idle", silent, idle_s)):
+        first_possible = min(opened[s] for s in group) + timeout_s - 0.05
+        windows = int((max(seen[s].eof_at for s in group) - first_possible) // 10) + 1
         lines = _log_lines(p, fragment)
-        assert 1 <= len(lines) <= 10, (fragment, len(lines))
+        assert 1 <= len(lines) <= 10 * windows, (fragment, len(lines), windows)
     assert _wait_for_metric(p, "kqp_open_connections", 0) == 0
 
 
@@ -251,24 +261,25 @@ def _slow_for_one(frame: bytes) -> bytes:
 
 def _keep_alive(address, period_s: float, for_s: float) -> tuple[int, bool, float | None]:
     """A request every ``period_s`` for ``for_s``, then silence: (requests answered, whether
-    the connection was closed before the last, seconds from the last answer to EOF)."""
+    the connection was closed before the last, seconds from sending the last request to EOF:
+    the proxy's idle clock starts at the earliest when that request came)."""
     with socket.create_connection(address, timeout=5) as s:
         answered, end = 0, time.monotonic() + for_s
         while True:
+            sent = time.monotonic()
             s.sendall(_unknown_api_request(answered + 1))
             if read_frame(s) is None:
                 return answered, True, None
             answered += 1
-            last = time.monotonic()
-            if last + period_s >= end:
+            if time.monotonic() + period_s >= end:
                 break
             time.sleep(period_s)
-        return answered, False, (time.monotonic() - last) if is_closed(s, timeout_s=4) else None
+        return answered, False, (time.monotonic() - sent) if is_closed(s, timeout_s=WATCH_S) else None
 
 
 def _slow_response(address) -> tuple[float | None, float | None]:
     """One request the broker answers after 2.5 s: (seconds to the answer, None: closed
-    first; seconds from the answer to EOF)."""
+    first; seconds from sending the request to EOF)."""
     with socket.create_connection(address, timeout=5) as s:
         start = time.monotonic()
         s.sendall(_unknown_api_request(SLOW_CORRELATION_ID))
@@ -276,30 +287,34 @@ def _slow_response(address) -> tuple[float | None, float | None]:
         if frame is None:
             return None, None
         answered = time.monotonic()
-        return answered - start, (time.monotonic() - answered) if is_closed(s, timeout_s=4) else None
+        return answered - start, (time.monotonic() - start) if is_closed(s, timeout_s=WATCH_S) else None
 
 
-def _drip(address, size: int, period_s: float, for_s: float) -> tuple[int, float | None]:
-    """Announces a ``size``-byte frame, then sends one byte of it every ``period_s``:
-    (bytes of it sent, seconds to EOF or None)."""
+def _drip(address, size: int, period_s: float, for_s: float) -> tuple[int, float, float | None]:
+    """Announces a ``size``-byte frame, then sends one byte of it every ``period_s``: (bytes of
+    it sent, the longest time between two sends, the prefix counting as one, seconds from
+    sending the prefix to EOF or None)."""
     with socket.create_connection(address, timeout=5) as s:
+        start = last = time.monotonic()
         s.sendall(struct.pack(">i", size))
-        start, dripped = time.monotonic(), 0
+        dripped, longest_gap_s = 0, 0.0
         s.settimeout(period_s)
         while time.monotonic() - start < for_s and dripped < size - 1:
             try:
                 if s.recv(1) == b"":
-                    return dripped, time.monotonic() - start
+                    return dripped, longest_gap_s, time.monotonic() - start
             except TimeoutError:
                 pass
             except ConnectionResetError:
-                return dripped, time.monotonic() - start
+                return dripped, longest_gap_s, time.monotonic() - start
+            now = time.monotonic()
             try:
                 s.sendall(b"\x00")
             except OSError:
-                return dripped, time.monotonic() - start
+                return dripped, longest_gap_s, now - start
+            longest_gap_s, last = max(longest_gap_s, now - last), now
             dripped += 1
-        return dripped, None
+        return dripped, longest_gap_s, None
 
 
 def test_idle_and_unfinished_connections_are_closed_busy_ones_are_not(proxy):
@@ -312,23 +327,26 @@ def test_idle_and_unfinished_connections_are_closed_busy_ones_are_not(proxy):
             with ThreadPoolExecutor(3) as pool:
                 keep_alive = pool.submit(_keep_alive, p.address, 0.3, 3.0)
                 slow = pool.submit(_slow_response, p.address)
-                drip = pool.submit(_drip, p.address, 100, 0.3, 4.0)
-                (silent_seen,) = hostile.watch_eof(silent, 4.0, opened_at=opened).values()
-                answered, closed_early, keep_alive_eof_s = keep_alive.result(timeout=15)
-                slow_answer_s, slow_eof_s = slow.result(timeout=15)
-                dripped, drip_eof_s = drip.result(timeout=15)
+                drip = pool.submit(_drip, p.address, 100, 0.3, 1.0 + WATCH_S)
+                (silent_seen,) = hostile.watch_eof(silent, 1.0 + WATCH_S, opened_at=opened).values()
+                answered, closed_early, keep_alive_eof_s = keep_alive.result(timeout=30)
+                slow_answer_s, slow_eof_s = slow.result(timeout=30)
+                dripped, drip_gap_s, drip_eof_s = drip.result(timeout=30)
         finally:
             hostile.close_all(silent)
-    assert silent_seen.eof_at is not None and 0.95 <= silent_seen.lived_s <= 1.25 + SLACK_S, silent_seen.lived_s
+    assert silent_seen.eof_at is not None and 0.95 <= silent_seen.lived_s, silent_seen.lived_s
     # A request every 300 ms for 3 s: never idle for 1 s, so never closed; idle after the last.
     assert not closed_early and answered >= 8, answered
-    assert keep_alive_eof_s is not None and 0.95 <= keep_alive_eof_s <= 1.25 + SLACK_S, keep_alive_eof_s
-    # Waiting 2.5 s for the broker is not idling; the connection is idle once it is answered.
+    assert keep_alive_eof_s is not None and 0.95 <= keep_alive_eof_s, keep_alive_eof_s
+    # Waiting 2.5 s for the broker is not idling; the connection is idle once it is answered (the
+    # broker answers 2.5 s after the request came, then 1 s idle), not at once.
     assert slow_answer_s is not None, "closed while waiting for a response"
     assert slow_answer_s >= 2.4
-    assert slow_eof_s is not None and 0.7 <= slow_eof_s <= 1.25 + SLACK_S, slow_eof_s
-    # A byte every 300 ms is never idle, but the frame stays unfinished.
-    assert drip_eof_s is not None and 0.95 <= drip_eof_s <= 1.25 + SLACK_S and dripped >= 3, (dripped, drip_eof_s)
+    assert slow_eof_s is not None and 2.5 + 1.0 - 0.05 <= slow_eof_s, (slow_answer_s, slow_eof_s)
+    # A byte every 300 ms (never 1 s without one: never idle) past the 1 s idle timeout, but the
+    # frame stays unfinished.
+    assert drip_eof_s is not None and 0.95 <= drip_eof_s and dripped >= 1, (dripped, drip_eof_s)
+    assert drip_gap_s < 1.0 <= drip_eof_s + 0.05, (drip_gap_s, drip_eof_s)
     assert _closed(p, "idle") == 3
     assert _closed(p, "partial_request") == 1
 
@@ -373,6 +391,10 @@ def test_connection_creation_rate_per_ip_closes_after_the_throttle(tansu, proxy)
     try:
         burst_s = max(opened.values()) - min(opened.values())
         seen = hostile.watch_eof(socks, 2.5, opened_at=opened)
+        # Neither answered nor closed yet (a busy machine): watched until closed, or for WATCH_S.
+        pending = [s for s in socks if seen[s].eof_at is None and not seen[s].received]
+        if pending:
+            seen.update(hostile.watch_eof(pending, WATCH_S, opened_at=opened))
         served = [s for s in socks if seen[s].eof_at is None and seen[s].received]
         refused = [s for s in socks if seen[s].eof_at is not None]
         broker_connections = hostile.sockets_to_port(p.pid, tansu.port)
@@ -389,8 +411,10 @@ def test_connection_creation_rate_per_ip_closes_after_the_throttle(tansu, proxy)
         # Closed after the throttle, not at once: (6 − 5) / 5 × the 1 s window, less the time
         # since the window's first connection; capped at one window.
         throttle_s = 0.2 - (opened[s] - first)
-        assert w.lived_s >= throttle_s - 0.01 and w.lived_s <= 1.0 + SLACK_S, (w.lived_s, throttle_s)
-    assert max(seen[s].lived_s for s in refused) >= 0.1, "refused connections were closed at once"
+        assert w.lived_s >= throttle_s - 0.01, (w.lived_s, throttle_s)
+    longest_throttle_s = max(0.2 - (opened[s] - first) for s in refused)
+    assert max(seen[s].lived_s for s in refused) >= min(0.1, longest_throttle_s - 0.01), \
+        "refused connections were closed at once"
     assert _closed(p, "connection_creation_rate") == len(refused)
     assert 1 <= len(_log_lines(p, "connection_creation_rate reached")) <= 10
 

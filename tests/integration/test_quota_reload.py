@@ -96,7 +96,7 @@ def _count(p, pattern: str) -> int:
     return len(re.findall(pattern, p.log_text()))
 
 
-def _wait_for_log(p, pattern: str, count: int, timeout_s: float = 5.0) -> float:
+def _wait_for_log(p, pattern: str, count: int, timeout_s: float = 15.0) -> float:
     """Waits until ``pattern`` occurs ``count`` times in the proxy's log; returns when."""
     deadline = time.monotonic() + timeout_s
     while _count(p, pattern) < count:
@@ -123,13 +123,14 @@ def test_reload_on_file_change_and_sighup_keeps_connections(broker, proxy):
         assert _bound(p) == 5
 
         # 2. A valid file with a higher quota: the same connection stops being throttled.
+        # Applied when the watcher sees it settle (how soon is the machine's business); every
+        # request decided after that (the log line comes once the new rules are in force) is
+        # answered unthrottled.
         written = time.monotonic()
         _replace_config(p, _config_with_rate(p, 5000))
-        unthrottled_in_a_row = 0
-        while unthrottled_in_a_row < 20:
-            assert time.monotonic() - written < 5, "still throttled 5 s after the file changed"
-            unthrottled_in_a_row = unthrottled_in_a_row + 1 if client.round_trip() == 0 else 0
-        print(f"\nfile change: unthrottled {time.monotonic() - written:.2f} s after the write")
+        reloaded = _wait_for_log(p, RELOADED, 1)
+        print(f"\nfile change: reloaded within {reloaded - written:.2f} s of the write")
+        assert client.throttles(20) == [0] * 20
         assert _count(p, RELOADED) == 1
         assert _bound(p) == 5000
         assert p.metric_sum("kqp_open_connections") == 1

@@ -10,12 +10,11 @@ topic through the same secured connections.
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from tests.integration.test_client_quota_api import AdminConnection, set_
 from tests.support.inproc import InProcessProxy
+from tests.support.polling import wait_for
 from tests.support.sasl_front import tansu_behind_sasl_front
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -34,10 +33,7 @@ def described_by_both(a: InProcessProxy, b: InProcessProxy, value: float) -> Non
     ca, cb = AdminConnection(a.address), AdminConnection(b.address)
     try:
         assert ca.alter(1, [(ALICE, [set_("request_rate", value)])]) == [(ALICE, 0, None)]
-        deadline = time.monotonic() + 2
-        while cb.quotas(1).get(ALICE) != {"request_rate": value} and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert cb.quotas(1).get(ALICE) == {"request_rate": value}
+        wait_for(lambda: cb.quotas(1).get(ALICE) == {"request_rate": value}, what="B to describe A's change")
     finally:
         ca.close()
         cb.close()

@@ -126,6 +126,7 @@ def test_kafka_python(stack):
 # -- confluent-kafka (librdkafka) ------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_confluent_kafka_with_consumer_group(stack):
     from confluent_kafka import Consumer, KafkaException, Producer
     from confluent_kafka.admin import AdminClient, NewTopic

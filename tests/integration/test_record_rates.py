@@ -99,6 +99,7 @@ broker = rate_runs.broker  # one Tansu for the module (a pytest fixture)
 # -- producer_record_rate ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_producer_record_rate_holds_back_librdkafka(broker, proxy):
     """librdkafka reports throttle_time_ms (throttle_cb) but keeps sending: the mute holds it."""
     client_id = "records-librdkafka"
@@ -125,6 +126,7 @@ def test_producer_record_rate_holds_back_librdkafka(broker, proxy):
     assert_clean(p)
 
 
+@pytest.mark.slow
 def test_producer_record_rate_kafka_python(broker, proxy):
     """kafka-python waits throttle_time_ms out itself; the achieved rate is the same."""
     client_id = "records-kafka-python"
@@ -157,6 +159,7 @@ def filled_topic(broker):
     return fill_topic(broker, "records-fetch", RECORD_VALUE, FILLED_RECORDS, {"batch.num.messages": FILL_BATCH})
 
 
+@pytest.mark.slow
 def test_consumer_record_rate_kafka_python(broker, filled_topic, proxy):
     from kafka import KafkaConsumer
     from kafka.structs import TopicPartition
@@ -188,6 +191,7 @@ def test_consumer_record_rate_kafka_python(broker, filled_topic, proxy):
 # -- producer_batch_rate -----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_producer_batch_rate_kafka_python(broker, proxy):
     """Batches are counted on the client: the first record of each producer batch acknowledged
     (one batch is one Produce request to a one-partition topic, which the proxy's request count
@@ -218,6 +222,7 @@ def test_producer_batch_rate_kafka_python(broker, proxy):
 # -- a per-connector limit: a client-id glob ---------------------------------------------------
 
 
+@pytest.mark.slow
 def test_connector_glob_holds_each_task_to_its_own_record_rate(broker, proxy):
     """Kafka Connect names a source task's producer ``connector-producer-<connector>-<task>``.
     One rule for ``connector-producer-orders-*`` gives each task of that connector its own
@@ -243,10 +248,15 @@ def test_connector_glob_holds_each_task_to_its_own_record_rate(broker, proxy):
     start = time.monotonic()
     end = start + RECORD_RUN_S
     sent = 0
+    produced_at: list[tuple[float, int]] = []  # (instant, records handed to librdkafka then)
     while (now := time.monotonic()) < end:
+        due = 0
         while sent < (now - start) * offered_rate:
             billing_producer.produce(billing_topic, RECORD_VALUE)
             sent += 1
+            due += 1
+        if due:
+            produced_at.append((now, due))
         billing_producer.poll(0.005)
     assert billing_producer.flush(30) == 0
     for task in tasks:
@@ -263,15 +273,18 @@ def test_connector_glob_holds_each_task_to_its_own_record_rate(broker, proxy):
                            client_id=task.client_id) == CONNECTOR_QUOTA, "not an entity of its own"
     assert billing_delivered.errors == []
     assert_offsets_contiguous(billing_delivered.offsets)
-    # The billing task gets what it offers, twice the orders bound: at least 90% of it in the
-    # measured window. Only the lower side says "not limited": this loop offers records on a
-    # timetable, and when it lags (the kafka-python tasks share its interpreter) its own backlog
-    # is delivered inside the window, which reads as more than it offered there (1.12x seen on a
-    # slow 2-core machine, as before the shadow-mode change), never as less.
+    # The billing task gets what it offers: at least 90% of what this loop actually handed to
+    # librdkafka in the measured window (its timetable asks twice the orders bound, but the loop
+    # lags when the kafka-python tasks, which share its interpreter, take the CPU: what it offered
+    # is measured, not assumed). Only the lower side says "not limited": a lagging loop's backlog
+    # is delivered inside the window, which reads as more than it offered there, never as less.
+    # What it offered must be well over the orders bound, or being held to it would not show.
     billing_rate = rate_in_window(billing_delivered.acks, start + WARMUP_S, end)
-    print(f"\noffered rate ({billing}, not limited): {billing_rate:.1f} records/s, "
-          f"ratio {billing_rate / offered_rate:.3f}")
-    assert billing_rate >= 0.9 * offered_rate, f"{billing} held to {billing_rate:.1f} records/s of {offered_rate}"
+    offered = rate_in_window(produced_at, start + WARMUP_S, end)
+    print(f"\noffered rate ({billing}, not limited): {billing_rate:.1f} records/s delivered, "
+          f"{offered:.1f} offered (timetable {offered_rate}), ratio {billing_rate / offered:.3f}")
+    assert offered >= 1.5 * CONNECTOR_QUOTA, f"the loop offered only {offered:.1f} records/s"
+    assert billing_rate >= 0.9 * offered, f"{billing} held to {billing_rate:.1f} records/s of {offered:.1f} offered"
     assert not any(t > 0 for t in billing_throttles), f"{billing} was throttled: {billing_throttles}"
     assert sum_samples(after, "kqp_quota_bound", client_id=billing) == 0
     assert metric_delta(before, after, "kqp_quota_throttled_total", kind="producer_record_rate") > 0
@@ -298,11 +311,14 @@ def _produce_request(topic: str, correlation_id: int, client_id: str, records: i
     return request_bytes(request, correlation_id, client_id)
 
 
-def _produce(sock: socket.socket, topic: str, correlation_id: int, client_id: str, records: int) -> tuple[int, float]:
-    """(throttle_time_ms, answered at) of one Produce; the records must have been written."""
+def _produce(sock: socket.socket, topic: str, correlation_id: int, client_id: str,
+             records: int) -> tuple[int, float, float]:
+    """(throttle_time_ms, sent at, answered at) of one Produce; the records must have been written."""
     from kafka.protocol.producer import ProduceResponse
 
-    sock.sendall(_produce_request(topic, correlation_id, client_id, records))
+    request = _produce_request(topic, correlation_id, client_id, records)
+    sent = time.monotonic()
+    sock.sendall(request)
     frame = read_frame(sock)
     answered = time.monotonic()
     assert frame is not None, "the proxy closed the connection"
@@ -310,7 +326,7 @@ def _produce(sock: socket.socket, topic: str, correlation_id: int, client_id: st
     resp = ProduceResponse[8].decode(frame[4:], version=8)  # header v0 below Produce v9
     [[partition]] = [t.partition_responses for t in resp.responses]
     assert partition.error_code == 0, partition
-    return resp.throttle_time_ms, answered
+    return resp.throttle_time_ms, sent, answered
 
 
 def _api_versions(sock: socket.socket, correlation_id: int, client_id: str) -> tuple[int, float]:
@@ -348,26 +364,31 @@ def test_custom_limiter_by_dotted_path_and_the_longest_throttle_applies_once(bro
 
     # 1. Raw requests, each client id a fresh entity, so each record throttle is known exactly.
     cases = [
-        # (client id, records, the throttle expected: the larger of the pause and the record throttle)
-        ("paused-over-quota", 2500, _record_throttle_ms(2500, quota)),  # 1500 ms > the 300 ms pause
-        ("paused-slightly-over", 1200, pause_ms),  # a 200 ms record throttle < the pause
-        ("paused-under-quota", 100, pause_ms),  # no record throttle: the pause alone
-        ("not-paused", 2500, 0),  # neither the pause nor the quota matches this client id
+        # (client id, records, the throttle expected: the larger of the pause and the record
+        # throttle, and the sum of the two: the mute a proxy applying both one after the other
+        # would impose)
+        ("paused-over-quota", 2500, _record_throttle_ms(2500, quota), 1500 + pause_ms),  # 1500 ms > the pause
+        ("paused-slightly-over", 1200, pause_ms, 200 + pause_ms),  # a 200 ms record throttle < the pause
+        ("paused-under-quota", 100, pause_ms, pause_ms),  # no record throttle: the pause alone
+        ("not-paused", 2500, 0, 0),  # neither the pause nor the quota matches this client id
     ]
     assert _record_throttle_ms(2500, quota) == 1500 and _record_throttle_ms(1200, quota) == 200
     seen = []
-    for i, (client_id, records, expected_ms) in enumerate(cases):
+    for i, (client_id, records, expected_ms, summed_ms) in enumerate(cases):
         with socket.create_connection(p.address, timeout=10) as s:
-            throttle_ms, produced = _produce(s, topic, 2 * i, client_id, records)
+            throttle_ms, sent, produced = _produce(s, topic, 2 * i, client_id, records)
             # Straight away, on the same connection: held by the mute for the throttle, once.
             _, answered = _api_versions(s, 2 * i + 1, client_id)
         seen.append((client_id, throttle_ms, round(answered - produced, 3)))
         assert throttle_ms == expected_ms, (client_id, throttle_ms, expected_ms)
+        # The mute began when the Produce was answered, at the latest when its answer was read.
         waited = answered - produced
         assert waited >= expected_ms / 1000 - SCHEDULING_TOLERANCE_S, (client_id, waited)
-        if expected_ms:
-            # Not the sum (1.8 s for the first case), nor the pause after the record throttle.
-            assert waited < expected_ms / 1000 + pause_ms / 2000, (client_id, waited)
+        if summed_ms > expected_ms:
+            # Not the sum (1.8 s for the first case), nor the pause after the record throttle: such
+            # a mute would begin after the Produce was sent and hold the next answer for summed_ms,
+            # so the answer came before that could have ended.
+            assert answered - sent < summed_ms / 1000, (client_id, round(answered - sent, 3), summed_ms)
     print(f"\n(client id, throttle_time_ms, next answer after s): {seen}")
 
     # 2. librdkafka sees the pause as the throttle of each Produce response; another client sees none.
@@ -391,7 +412,7 @@ def test_custom_limiter_by_dotted_path_and_the_longest_throttle_applies_once(bro
     by_client: dict[str, list[dict]] = {}
     for call in calls:
         by_client.setdefault(call["client_id"], []).append(call)
-    for client_id, records, _ in cases:
+    for client_id, records, _, _ in cases:
         [call] = by_client[client_id]
         assert (call["records"], call["batches"], call["api_version"]) == (records, 1, 8), call
     assert sum(c["records"] for c in by_client["paused-librdkafka"]) == 30
@@ -422,7 +443,7 @@ def test_a_failing_limiter_is_counted_and_logged_and_the_connection_kept(broker,
     # One connection: every request is answered on it, and the working limiters still apply.
     with socket.create_connection(p.address, timeout=10) as s:
         assert _api_versions(s, 1, client_id)[0] == 0
-        throttle_ms, produced = _produce(s, topic, 2, client_id, 1500)
+        throttle_ms, _, produced = _produce(s, topic, 2, client_id, 1500)
         assert throttle_ms == _record_throttle_ms(1500, quota) == 500
         _, answered = _api_versions(s, 3, client_id)
         assert answered - produced >= 0.5 - SCHEDULING_TOLERANCE_S

@@ -32,6 +32,7 @@ import yaml
 from kafka.protocol.producer import ProduceRequest, ProduceResponse
 from kafka.record import MemoryRecordsBuilder
 
+from tests.support.polling import wait_for
 from tests.support.rate_runs import fresh_topic, rate_in_window
 from tests.support.tansu import TansuBroker
 from tests.support.wire import read_frame, request_bytes
@@ -120,7 +121,7 @@ def _lines(p, pattern: str) -> list[str]:
     return [ln for ln in p.log_text().splitlines() if re.search(pattern, ln)]
 
 
-def _wait_for_log(p, pattern: str, count: int = 1, timeout_s: float = 8.0) -> float:
+def _wait_for_log(p, pattern: str, count: int = 1, timeout_s: float = 15.0) -> float:
     """Waits until ``pattern`` occurs ``count`` times in the proxy's log (a file written by
     another process: nothing to wait on but the file itself); returns when."""
     deadline = time.monotonic() + timeout_s
@@ -148,7 +149,8 @@ def test_a_config_cut_short_by_a_write_in_place_never_drops_the_quota(broker, pr
     producer = GreedyProducer(p.address, topic)
     producer.start()
     try:
-        time.sleep(2.5)  # past the first burst a fresh entity may send (one 1 s window of quota)
+        # Past the first burst a fresh entity may send (one 1 s window of quota): throttled once.
+        wait_for(lambda: producer.throttled > 0, what="the producer's first throttle")
         assert _bound(p) == QUOTA
 
         # A. In place, in two parts, the first of which is a valid file with no quotas.

@@ -177,15 +177,18 @@ def test_producer_quotas_in_shadow_count_what_enforcing_applies(tansu, tmp_path)
             # send waits for its connection, which would move it closer to the next).
             for producer in producers.values():
                 producer.send(topic, value=b"v" * 3000, partition=0).get(10)
-            start = time.monotonic() + GAP_S
-            for i in range(SENDS):
-                time.sleep(max(0.0, start + i * GAP_S - time.monotonic()))
+            # Each round GAP_S after the previous one was delivered (so after the proxy took it in):
+            # a slow round delays the next rather than bringing it within the purge age of the last.
+            delivered = time.monotonic()
+            for _ in range(SENDS):
+                time.sleep(max(0.0, delivered + GAP_S - time.monotonic()))
                 futures = [(cid, [p.send(topic, value=b"v" * 3000, partition=0)]) for cid, p in producers.items()]
                 for p in producers.values():
                     p.flush(10)
                 for _cid, fs in futures:
                     for f in fs:
                         f.get(10)  # delivered: nothing refused in either mode
+                delivered = time.monotonic()
             for cid, p in producers.items():
                 sensor = p.metrics().get("producer-metrics", {}).get("produce-throttle-time-max")
                 seen_throttles[cid] = sensor
@@ -240,9 +243,11 @@ def test_consumer_quotas_in_shadow_count_what_enforcing_applies(tansu, tmp_path)
         socks = {cid: socket.create_connection(proxy.address, timeout=10) for cid in ("fetch-bytes", "fetch-records")}
         got = {"throttle": [], "records": []}
         try:
-            start = time.monotonic()
+            answered = time.monotonic() - GAP_S  # no fetch yet: the first round goes at once
             for i in range(SENDS):
-                time.sleep(max(0.0, start + i * GAP_S - time.monotonic()))
+                # GAP_S after the previous round's last answer (each fetch measured alone, however
+                # slowly the round before went).
+                time.sleep(max(0.0, answered + GAP_S - time.monotonic()))
                 feeder.send(fed[mode], value=b"r%d" % i, partition=0).get(10)
                 for cid, topic, offset in (("fetch-bytes", empty, 0), ("fetch-records", fed[mode], i)):
                     socks[cid].sendall(request_bytes(_fetch(topic, offset), i, cid))
@@ -251,6 +256,7 @@ def test_consumer_quotas_in_shadow_count_what_enforcing_applies(tansu, tmp_path)
                     got["throttle"].append((cid, body.throttle_time_ms))
                     records = sum(len(p.records or b"") for t in body.responses for p in t.partitions)
                     got["records"].append((cid, records))
+                answered = time.monotonic()
         finally:
             for s in socks.values():
                 s.close()
@@ -286,21 +292,29 @@ def test_a_real_consumer_in_shadow_mode_reads_at_full_speed(tansu, tmp_path):
     producer.flush(10)
     producer.close()
     # 1 KiB/s against 200 kB to read: enforced, this would take minutes.
-    quotas = [{"client_id": "reader", "consumer_byte_rate": 1024, "consumer_record_rate": 10}]
+    byte_rate = 1024
+    quotas = [{"client_id": "reader", "consumer_byte_rate": byte_rate, "consumer_record_rate": 10}]
     with InProcessProxy([tansu.bootstrap], mode="shadow", quotas=quotas, quota_windows=WINDOWS) as proxy:
         consumer = KafkaConsumer(bootstrap_servers=proxy.bootstrap, client_id="reader", enable_auto_commit=False,
                                  fetch_max_bytes=64 * 1024, max_partition_fetch_bytes=64 * 1024)
         try:
             consumer.assign([TopicPartition(topic, 0)])
             consumer.seek_to_beginning()
-            read, started = 0, time.monotonic()
-            while read < 200 and time.monotonic() - started < 20:
-                read += sum(len(v) for v in consumer.poll(500).values())
+            read, value_bytes, started = 0, 0, time.monotonic()
+            while read < 200 and time.monotonic() - started < 60:  # a guard, not the measurement
+                for records in consumer.poll(500).values():
+                    read += len(records)
+                    value_bytes += sum(len(r.value) for r in records)
             took = time.monotonic() - started
         finally:
             consumer.close()
         assert read == 200
-        assert took < 10  # enforced at 1 KiB/s it takes over 190 s
+        # More than the byte quota, enforced, could have let through in the time it took: bound x
+        # elapsed, one window's burst (2 x 1 s windows: measured over num - 1 = 1 s) and the one
+        # response a fetch is admitted whole before it is throttled (at most fetch_max_bytes).
+        # Enforced, the 200 kB take over 130 s.
+        window_s = WINDOWS["quota_window_size_seconds"] * (WINDOWS["quota_window_num"] - 1)
+        assert value_bytes > byte_rate * (took + window_s) + 64 * 1024, (value_bytes, took)
         assert proxy.metric("kqp_quota_shadow_throttled_total", kind="consumer_byte_rate") >= 1
         assert proxy.metric("kqp_quota_shadow_throttled_total", kind="consumer_record_rate") >= 1
         assert proxy.metric("kqp_quota_throttled_total", kind="consumer_byte_rate") == 0

@@ -172,9 +172,11 @@ def test_usage_log_shows_a_rejected_controller_mutation(tansu, proxy, tmp_path):
     first, second = (f"usage-storm-{uuid.uuid4().hex[:8]}" for _ in range(2))
     admin = KafkaAdminClient(bootstrap_servers=p.bootstrap, client_id="usage-storm", request_timeout_ms=10_000)
     try:
+        sent = time.monotonic()
         admin.create_topics({first: {"num_partitions": 20, "replication_factor": 1}})
         with pytest.raises(ThrottlingQuotaExceededError):
             admin.create_topics({second: {"num_partitions": 1, "replication_factor": 1}})
+        refused = time.monotonic()
     finally:
         admin.close()
     assert p.metric_sum("kqp_quota_rejected_total", kind="controller_mutation_rate") == 1
@@ -185,5 +187,8 @@ def test_usage_log_shows_a_rejected_controller_mutation(tansu, proxy, tmp_path):
     assert create["partition_mutations"] == 21  # what was asked for, the rejected topic included
     assert create["rejected"] == 1
     assert create["throttled"] == 1  # the admitted request was not throttled (strict quota)
-    assert 8000 <= create["throttle_time_ms_max"] <= 9000
+    # −K/Q at the refusal: K was −9 after the first (charged after ``sent``), refilled at 1/s until
+    # the refusal (before ``refused``); whole ms, 1 ms either way.
+    least_ms = 9000 - (refused - sent) * 1000
+    assert least_ms - 1 <= create["throttle_time_ms_max"] <= 9000, (create["throttle_time_ms_max"], least_ms)
     assert create["throttle_time_ms_sum"] == create["throttle_time_ms_max"]

@@ -33,6 +33,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_report_names_the_throttled_tenant(tansu, proxy, tmp_path):
     usage = tmp_path / "usage"
     p = proxy(tansu.bootstrap, extra_config={

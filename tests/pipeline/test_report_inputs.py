@@ -160,6 +160,7 @@ def test_an_unexpected_failure_points_at_the_log(tmp_path, capfd):
     assert f"Spark's own output is in {log}" in err and "OutOfMemoryError" not in err
 
 
+@pytest.mark.slow
 def test_the_command_prints_its_own_lines_only_and_spark_s_go_to_its_log(usage, tmp_path):
     """What an operator sees: the progress lines and the outputs, no JVM banner, no log4j line,
     no stage progress bar (they are in OUT/spark.log)."""

@@ -84,6 +84,7 @@ def standalone_cluster(tmp_path):
         master.stop()
 
 
+@pytest.mark.slow
 def test_the_report_runs_on_a_standalone_cluster_and_recommends_quotas_check_config_accepts(
         standalone_cluster, tmp_path):
     usage = tmp_path / "usage"
