@@ -1,4 +1,5 @@
-"""Pure rewrites of decoded responses: broker endpoints and ApiVersions ranges.
+"""Pure rewrites of decoded responses: broker endpoints and ApiVersions ranges (Metadata's
+brokers are rewritten in place of the broker's bytes: protocol.metadata_scan).
 
 ``Advertise`` maps a broker (node id, upstream host, upstream port) to the address the
 proxy serves that node on; every rewrite here goes through it, so no broker address survives.
@@ -15,11 +16,6 @@ from . import errors
 from .apis import ApiKey
 
 Advertise = Callable[[int, str, int], tuple[str, int]]
-
-
-def rewrite_metadata(resp: ApiMessage, advertise: Advertise) -> None:
-    for broker in resp.brokers:
-        broker.host, broker.port = advertise(broker.node_id, broker.host, broker.port)
 
 
 def rewrite_find_coordinator(resp: ApiMessage, advertise: Advertise) -> None:
@@ -41,8 +37,8 @@ def rewrite_node_endpoints(resp: ApiMessage, advertise: Advertise) -> None:
         ep.host, ep.port = advertise(ep.node_id, ep.host, ep.port)
 
 
+# Metadata is rewritten without decoding: protocol.metadata_scan.
 ENDPOINT_REWRITERS: dict[int, Callable[[ApiMessage, Advertise], None]] = {
-    ApiKey.METADATA: rewrite_metadata,
     ApiKey.FIND_COORDINATOR: rewrite_find_coordinator,
     ApiKey.DESCRIBE_CLUSTER: rewrite_describe_cluster,
     ApiKey.PRODUCE: rewrite_node_endpoints,

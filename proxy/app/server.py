@@ -17,6 +17,7 @@ from config.engines import producer_id_manager_for, quota_manager_for
 from config.model import Config, unenforced_kinds
 from proxy.cluster.brokers import Cluster
 from proxy.cluster.leaders import ExpeditedRefresher, LeaderCache, LeaderCollector
+from proxy.cluster.metadata_learner import MetadataLearner
 from proxy.cluster.refresh import refresh_once
 from proxy.cluster.topics import TopicCache
 from proxy.control.fleet import FleetCollector, FleetExchange
@@ -65,6 +66,7 @@ def default_chain(
     leader_hints: LeaderHintFilter,
     usage: UsageFilter | None = None,
     client_quotas: ClientQuotasFilter | None = None,
+    learner: MetadataLearner | None = None,
 ) -> FilterChain:
     # The client-quota APIs the proxy answers itself are offered whatever the broker supports.
     offered = client_quotas.offered if client_quotas is not None else {}
@@ -92,7 +94,7 @@ def default_chain(
         # hints are filled in with broker addresses before the endpoint filter rewrites them. The
         # operator's filters come last: they see the response as the client will, and what the
         # proxy learns from it (principals, partition counts) is learned from the broker's.
-        response_filters=[rates, limiters, *counting, api_versions, leader_hints, EndpointRewriteFilter(), sasl,
+        response_filters=[rates, limiters, *counting, api_versions, leader_hints, EndpointRewriteFilter(learner), sasl,
                           mutations, *plugins.response],
     )
 
@@ -174,13 +176,16 @@ class ProxyServer:
         self.producer_id_observer: ProducerIdObserver | None = None  # with the usage log only
         self.usage, usage_filter = self._usage_log(config)
         self.leaders = LeaderCache()
+        # What clients' Metadata responses and the proxy's own refreshes teach, a slice at a time.
+        self.metadata_learner = MetadataLearner(self.stats)
         ld = config.leader_discovery
         self.refresher = ExpeditedRefresher(self.cluster, self.leaders, self.stats, config.upstream.connect_timeout_s,
-                                            ld.expedited_refresh_min_interval_ms / 1000)
+                                            ld.expedited_refresh_min_interval_ms / 1000,
+                                            learner=self.metadata_learner, topics=self.topics)
         self.registry.register(LeaderCollector(self.leaders, self.stats))
         chain = default_chain(config, self.quotas, self.topics, self.producer_id_filter, self.limiter_filter,
                               LeaderHintFilter(self.leaders, self.refresher, ld.fill_hints, ld.hint_wait_ms / 1000),
-                              usage_filter, self.client_quotas)
+                              usage_filter, self.client_quotas, self.metadata_learner)
         self.connections: set[Served] = set()
         # TLS termination on the client listeners (None: plaintext); ConfigError for a bad file.
         self.tls = server_tls(config.listen.tls) if config.listen.tls is not None else None
@@ -250,7 +255,7 @@ class ProxyServer:
         if self.fleet is not None:
             suffix = f"/w{self.worker.worker_id}" if self.worker is not None else ""
             self.fleet.start(f"{self.config.listen.advertised_host}:{self.bootstrap_address[1]}{suffix}")
-        self._spawn(self._refresh_periodically(up.metadata_refresh_interval_s, up.connect_timeout_s, answered))
+        self._spawn(self.refresher.refresh_periodically(up.metadata_refresh_interval_s, up.connect_timeout_s, answered))
         self._spawn(self._expire_quota_entities())
         self._spawn(self._sweep_connections())
         self._spawn(self._clean_producer_ids())
@@ -277,25 +282,6 @@ class ProxyServer:
             for i in range(0, len(connections), 512):
                 self.guard.sweep(connections[i : i + 512], time.monotonic())
                 await asyncio.sleep(0)
-
-    async def _refresh_periodically(self, interval_s: float, timeout_s: float, answered: bool) -> None:
-        """The proxy's own metadata refresh: the brokers and the leaders of every topic clients
-        have used come in one Metadata response; with no such topic (or no broker answering
-        it), the brokers alone, from the bootstrap servers. After a refresh no broker answered
-        (unreachable, or refusing the proxy's TLS or SASL), the next comes sooner: 1 s, then
-        twice as long each time, up to the interval."""
-        backoff_s = 1.0
-        while True:
-            if answered:
-                backoff_s = 1.0
-                await asyncio.sleep(interval_s)
-            else:
-                await asyncio.sleep(min(backoff_s, interval_s))
-                backoff_s *= 2
-            topics = sorted(self.leaders.topics())
-            answered = bool(topics) and await self.refresher.refresh(topics, "periodic_leaders")
-            if not answered:
-                answered = await refresh_once(self.cluster, self.stats, timeout_s)
 
     async def _clean_producer_ids(self) -> None:
         # KIP-936's producer.id.quota.cache.cleanup.scheduler.interval.ms.
@@ -463,6 +449,7 @@ class ProxyServer:
         if self.fleet is not None:
             await self.fleet.stop()
         self.refresher.close()
+        self.metadata_learner.close()
         for limiter in self.limiters:
             close_limiter(limiter)
         self.limiters = []

@@ -57,6 +57,12 @@ class OwnConnection:
 
     async def round_trip(self, request: Any) -> Any:
         """Sends a kafka-python request and returns the broker's decoded response."""
+        body = await self.round_trip_body(request)
+        return decode_response(request.API_KEY, request.API_VERSION, body)
+
+    async def round_trip_body(self, request: Any) -> memoryview:
+        """Sends a kafka-python request and returns the body of the broker's response, not
+        decoded (for a response too big to decode on the event loop: protocol.metadata_scan)."""
         self._correlation_id += 1
         request.with_header(correlation_id=self._correlation_id, client_id=_CLIENT_ID)
         self._writer.write(bytes(request.encode(header=True, framed=True)))
@@ -66,7 +72,7 @@ class OwnConnection:
         if _INT32.unpack_from(frame)[0] != self._correlation_id:
             raise ConnectionError("the broker answered another request than the one sent")
         key, version = request.API_KEY, request.API_VERSION
-        return decode_response(key, version, memoryview(frame)[response_body_offset(frame, key, version):])
+        return memoryview(frame)[response_body_offset(frame, key, version):]
 
     def close(self) -> None:
         self._writer.close()

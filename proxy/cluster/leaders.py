@@ -13,19 +13,27 @@ import asyncio
 import logging
 import time
 import uuid
+from array import array
 from collections.abc import Iterable, Iterator
-from typing import Any, NamedTuple
+from typing import NamedTuple, TypeAlias
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from protocol.errors import ProtocolError
+from protocol.metadata_scan import read_metadata_head
 from proxy.cluster.brokers import Cluster
-from proxy.cluster.refresh import fetch_topic_metadata
+from proxy.cluster.metadata_learner import MetadataLearner
+from proxy.cluster.refresh import fetch_topic_metadata_body, refresh_once
+from proxy.cluster.topics import TopicCache
 from proxy.observability.stats import ProxyStats, counter_by
 
 log = logging.getLogger(__name__)
+# The most topics one periodic leader refresh asks for: a Metadata response of a bounded size
+# however big the cluster (the cache is walked round, this many topics an interval).
+PERIODIC_REFRESH_TOPICS = 1_000
 
-_NO_ID = uuid.UUID(int=0)
+_NO_ID_BYTES = bytes(16)
 
 
 class PartitionLeader(NamedTuple):
@@ -33,66 +41,139 @@ class PartitionLeader(NamedTuple):
     epoch: int  # -1: unknown (Metadata before v7 carries no leader epoch)
 
 
+# A topic's partitions as Metadata lists them: (error code, index, leader id, leader epoch), four
+# int32s each, in one array (protocol.metadata_scan.MetadataTopic.partitions): 16 bytes a
+# partition, where a dict entry per partition cost about 250.
+Quads: TypeAlias = "array[int]"
+
+
 class LeaderCache:
-    """(topic name, partition) → leader and leader epoch; topic id → name. Bounded: when full,
-    the oldest half of the partitions is dropped (they are learned again when next seen)."""
+    """(topic name, partition) → leader and leader epoch; topic id → name.
+
+    Kept per topic as one array of four int32s a partition, so a million partitions cost about
+    16 MB plus about 300 bytes a topic (its name, its id, two dict entries, the array's head).
+    Bounded by ``max_partitions``: when full, the oldest topics are dropped until half of it is
+    left (they are learned again when next seen). A leader of -1 (LEADER_NOT_AVAILABLE and
+    friends) is kept as it came but names no leader."""
 
     def __init__(self, max_partitions: int = 1_000_000) -> None:
-        self._leaders: dict[tuple[str, int], PartitionLeader] = {}
-        self.names: dict[uuid.UUID, str] = {}
+        self._topics: dict[str, Quads] = {}
+        self._ids: dict[bytes, str] = {}  # the 16 bytes of a topic id → its name
+        self._partitions = 0
         self._max = max_partitions
         self.updated_at_s: float | None = None  # monotonic time of the last change
         self.stale_ignored = 0  # observations older than what the cache holds
 
     def __len__(self) -> int:
-        return len(self._leaders)
+        """Partitions held."""
+        return self._partitions
 
     def leader(self, topic: str, partition: int) -> PartitionLeader | None:
-        return self._leaders.get((topic, partition))
+        quads = self._topics.get(topic)
+        if quads is None:
+            return None
+        at = _position(quads, partition)
+        if at < 0 or quads[at + 2] < 0:
+            return None
+        return PartitionLeader(quads[at + 2], quads[at + 3])
 
     def name_of(self, topic_id: uuid.UUID | None) -> str | None:
-        return None if topic_id is None else self.names.get(topic_id)
+        return None if topic_id is None else self._ids.get(topic_id.bytes)
 
-    def topics(self) -> set[str]:
-        return {name for name, _ in self._leaders}
+    def learn_id(self, topic_id: uuid.UUID, name: str) -> None:
+        if topic_id.int:
+            self._ids[topic_id.bytes] = name
+
+    def topics(self) -> list[str]:
+        """The topics held, oldest first."""
+        return list(self._topics)
 
     def observe(self, topic: str, partition: int, leader: int, epoch: int, now_s: float) -> bool:
         """Records a leader; True if the cache changed. An epoch below the cached one is stale
         and ignored; at the same epoch the cache keeps what it has (an epoch names one leader)."""
-        key = (topic, partition)
-        known = self._leaders.get(key)
-        if known is not None:
-            if epoch < known.epoch or (epoch == known.epoch and epoch >= 0):
-                # An unknown epoch (Metadata before v7) says nothing against a known one.
-                if epoch >= 0 and (epoch < known.epoch or leader != known.leader):
-                    self.stale_ignored += 1
-                return False
-        if len(self._leaders) >= self._max:
-            for old in list(self._leaders)[: self._max // 2]:
-                del self._leaders[old]
-        self._leaders[key] = PartitionLeader(leader, epoch)
+        quads = self._topics.get(topic)
+        if quads is None:
+            self._insert(topic, array("i", (0, partition, leader, epoch)))
+            self.updated_at_s = now_s
+            return True
+        at = _position(quads, partition)
+        if at < 0:
+            quads.extend((0, partition, leader, epoch))
+            self._partitions += 1
+            self.updated_at_s = now_s
+            return True
+        if not self._newer(quads[at + 2], quads[at + 3], leader, epoch):
+            return False
+        quads[at + 2], quads[at + 3] = leader, epoch
         self.updated_at_s = now_s
         return True
 
-    def observe_metadata(self, topics: Iterable[Any], now_s: float) -> int:
-        """Takes every partition of a MetadataResponse's topics (decoded by kafka-python, untyped);
-        returns how many changed."""
-        changed = 0
-        for t in topics:
-            if t.error_code != 0 or not t.name:
-                continue
-            topic_id = getattr(t, "topic_id", None)
-            if topic_id is not None and topic_id != _NO_ID:
-                self.names[topic_id] = t.name
-            for p in t.partitions:
+    def _newer(self, known_leader: int, known_epoch: int, leader: int, epoch: int) -> bool:
+        """Whether (leader, epoch) replaces what is known; counts a stale one."""
+        if known_leader < 0:
+            return True
+        if epoch < known_epoch or (epoch == known_epoch and epoch >= 0):
+            # An unknown epoch (Metadata before v7) says nothing against a known one.
+            if epoch >= 0 and (epoch < known_epoch or leader != known_leader):
+                self.stale_ignored += 1
+            return False
+        return True
+
+    def observe_topic(self, name: str, topic_id: bytes | None, partitions: Quads, now_s: float) -> int:
+        """Takes a topic of a Metadata response that came back without error (its partitions
+        as ``protocol.metadata_scan`` reads them); returns how many leaders changed. A topic
+        the cache holds exactly so (the common case: nothing moved) costs one comparison."""
+        if topic_id is not None and topic_id != _NO_ID_BYTES:
+            self._ids[topic_id] = name
+        known = self._topics.get(name)
+        if known is None:
+            self._insert(name, array("i", partitions))
+            changed = sum(1 for leader in partitions[2::4] if leader >= 0)
+        elif known == partitions:
+            return 0
+        else:
+            changed = 0
+            for i in range(0, len(partitions), 4):
                 # LEADER_NOT_AVAILABLE (5) and friends carry leader -1: nothing to learn.
-                if p.leader_id >= 0:
-                    changed += self.observe(t.name, p.partition_index, p.leader_id,
-                                            getattr(p, "leader_epoch", -1), now_s)
+                leader = partitions[i + 2]
+                if leader >= 0:
+                    changed += self.observe(name, partitions[i + 1], leader, partitions[i + 3], now_s)
+            return changed
+        if changed:
+            self.updated_at_s = now_s
         return changed
+
+    def _insert(self, name: str, quads: Quads) -> None:
+        count = len(quads) // 4
+        if count > self._max:
+            return  # a topic bigger than the whole cache is not kept
+        if self._partitions + count > self._max:
+            self._evict(min(self._max // 2, self._max - count))
+        self._topics[name] = quads
+        self._partitions += count
+
+    def _evict(self, keep: int) -> None:
+        """Drops the oldest topics until at most ``keep`` partitions are left."""
+        while self._topics and self._partitions > keep:
+            name = next(iter(self._topics))
+            self._partitions -= len(self._topics.pop(name)) // 4
+        held = self._topics
+        self._ids = {i: n for i, n in self._ids.items() if n in held}
 
     def age_s(self, now_s: float) -> float | None:
         return None if self.updated_at_s is None else now_s - self.updated_at_s
+
+
+def _position(quads: Quads, partition: int) -> int:
+    """Where ``partition``'s four ints start in ``quads`` (-1: not there). Partitions are
+    usually listed in index order, so the index is tried first."""
+    at = 4 * partition
+    if 0 <= at < len(quads) and quads[at + 1] == partition:
+        return at
+    for at in range(1, len(quads), 4):
+        if quads[at] == partition:
+            return at - 1
+    return -1
 
 
 class ExpeditedRefresher:
@@ -101,9 +182,12 @@ class ExpeditedRefresher:
     be answered with one. One refresh at a time; topics asked for meanwhile join the next."""
 
     def __init__(self, cluster: Cluster, cache: LeaderCache, stats: ProxyStats, timeout_s: float,
-                 min_interval_s: float = 0.05) -> None:
+                 min_interval_s: float = 0.05, learner: MetadataLearner | None = None,
+                 topics: TopicCache | None = None) -> None:
         self.cluster = cluster
         self.cache = cache
+        self.learner = learner if learner is not None else MetadataLearner(stats)
+        self.topics = topics if topics is not None else TopicCache()
         self.stats = stats
         self.timeout_s = timeout_s
         self.min_interval_s = min_interval_s
@@ -169,19 +253,49 @@ class ExpeditedRefresher:
         for attempt in range(max(len(self.cluster.brokers), len(self.cluster.bootstrap))):
             address = self._address(start + attempt)
             try:
-                resp = await fetch_topic_metadata(self.cluster.dialer, address, topics, list(topic_ids), self.timeout_s)
-            except (TimeoutError, OSError, asyncio.IncompleteReadError, ConnectionError, ValueError) as exc:
+                body, version = await fetch_topic_metadata_body(self.cluster.dialer, address, topics, list(topic_ids),
+                                                                self.timeout_s)
+                head = read_metadata_head(body, version)
+            except (TimeoutError, OSError, asyncio.IncompleteReadError, ConnectionError, ValueError,
+                    ProtocolError) as exc:
                 self.cluster.dialer.log_failure(f"{reason}_refresh", logging.WARNING, "%s metadata refresh from %s:%d "
                                                 "failed: %s", reason, *address, exc or type(exc).__name__)
                 continue
-            for b in resp.brokers:
+            for b in head.brokers:
                 self.cluster.advertise(b.node_id, b.host, b.port)
-            changed = self.cache.observe_metadata(resp.topics, time.monotonic())
+            # Read a slice at a time, as clients' responses are: a refresh of many topics never
+            # holds the event loop.
+            changed = await self.learner.learn_all(self.topics, self.cache, body, version, head.topics_at)
             self.stats.metadata_refreshes[reason] += 1
             log.debug("%s metadata refresh of %d topics: %d leaders changed", reason, len(topics), changed)
             return True
         self.stats.metadata_refreshes[f"{reason}_failure"] += 1
         return False
+
+    async def refresh_periodically(self, interval_s: float, timeout_s: float, answered: bool) -> None:
+        """The proxy's own metadata refresh: the brokers and the leaders of up to
+        :data:`PERIODIC_REFRESH_TOPICS` of the topics the cache holds come in one Metadata
+        response, the next ones in the next refresh, round the cache (never every topic of a
+        big cluster at once, never all topics); with no such topic (or no broker answering
+        it), the brokers alone, from the bootstrap servers. After a refresh no broker answered
+        (unreachable, or refusing the proxy's TLS or SASL), the next comes sooner: 1 s, then
+        twice as long each time, up to the interval."""
+        backoff_s = 1.0
+        cursor = 0
+        while True:
+            if answered:
+                backoff_s = 1.0
+                await asyncio.sleep(interval_s)
+            else:
+                await asyncio.sleep(min(backoff_s, interval_s))
+                backoff_s *= 2
+            held = self.cache.topics()
+            cursor = cursor if cursor < len(held) else 0
+            topics = held[cursor : cursor + PERIODIC_REFRESH_TOPICS]
+            cursor += len(topics)
+            answered = bool(topics) and await self.refresh(sorted(topics), "periodic_leaders")
+            if not answered:
+                answered = await refresh_once(self.cluster, self.stats, timeout_s)
 
     def _address(self, attempt: int) -> tuple[str, int]:
         brokers = list(self.cluster.brokers.values())

@@ -54,12 +54,25 @@ async def fetch_topic_metadata(dialer: BrokerDialer, address: tuple[str, int], n
 async def topic_metadata(conn: OwnConnection, names: list[str], ids: list[uuid.UUID]) -> Any:
     """The MetadataResponse for the given topic names and ids, asked on an open connection
     (never creating a topic)."""
+    return await conn.round_trip(_topics_request(conn, names, ids))
+
+
+async def fetch_topic_metadata_body(dialer: BrokerDialer, address: tuple[str, int], names: list[str],
+                                    ids: list[uuid.UUID], timeout_s: float) -> tuple[memoryview, int]:
+    """The MetadataResponse body for the given topic names and ids, not decoded, with its
+    version: for protocol.metadata_scan, when the topics may be many."""
+    async with await dialer.open(address, timeout_s) as conn, asyncio.timeout(timeout_s):
+        request = _topics_request(conn, names, ids)
+        return await conn.round_trip_body(request), request.API_VERSION
+
+
+def _topics_request(conn: OwnConnection, names: list[str], ids: list[uuid.UUID]) -> Any:
     version = min(conn.api_versions.get(ApiKey.METADATA, (0, 0))[1], SPECS[ApiKey.METADATA].max_version)
     T = MetadataRequest[version].MetadataRequestTopic
     topics = [T(name=n, topic_id=uuid.UUID(int=0)) for n in names]
     if ids and version >= 10:
         topics += [T(name=None, topic_id=i) for i in ids]
-    return await conn.round_trip(MetadataRequest[version](topics=topics, allow_auto_topic_creation=False))
+    return MetadataRequest[version](topics=topics, allow_auto_topic_creation=False)
 
 
 async def fetch_num_partitions(dialer: BrokerDialer, address: tuple[str, int], node_id: int,

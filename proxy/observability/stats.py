@@ -148,6 +148,9 @@ class ProxyStats:
         self.local_responses: defaultdict[int, int] = defaultdict(int)
         self.broker_listeners = 0
         self.metadata_refreshes: defaultdict[str, int] = defaultdict(int)
+        # Metadata responses whose topics the proxy read (proxy.cluster.metadata_learner), by
+        # outcome: "responses" (learned), "malformed", "dropped" (too many bytes waiting).
+        self.metadata_learned: defaultdict[str, int] = defaultdict(int)
         # Record sets whose batch headers could not be read (forwarded as they are, uncharged).
         self.records_scan_failures: defaultdict[str, int] = defaultdict(int)
         # KIP-951: per NOT_LEADER / FENCED_LEADER_EPOCH partition, where its leader hint came
@@ -247,6 +250,9 @@ class StatsCollector(Collector):
             ),
             counter_by("kqp_metadata_refreshes", "The proxy's own metadata refreshes", "outcome",
                        s.metadata_refreshes),
+            counter_by("kqp_metadata_responses_learned",
+                       "Metadata responses whose topics the proxy read for its caches, by outcome", "outcome",
+                       s.metadata_learned),
         ]
 
 

@@ -4,6 +4,7 @@ the ApiVersions uplift: Produce v10 / Fetch v16 offered only over v9 / v15 broke
 from __future__ import annotations
 
 import uuid
+from array import array
 from types import SimpleNamespace
 
 import pytest
@@ -19,21 +20,20 @@ from tests.support.filter_context import filter_context
 from tests.unit.test_records import batch, produce_frame
 
 
-def metadata_topic(name, leaders, error=0, topic_id=None):
-    partitions = [SimpleNamespace(partition_index=i, leader_id=leader, leader_epoch=epoch, error_code=0)
-                  for i, (leader, epoch) in enumerate(leaders)]
-    return SimpleNamespace(name=name, error_code=error, topic_id=topic_id, partitions=partitions)
+def quads(leaders):
+    """A topic's partitions as protocol.metadata_scan reads them: (error, index, leader, epoch)."""
+    return array("i", [n for i, (leader, epoch) in enumerate(leaders) for n in (0, i, leader, epoch)])
 
 
 def test_the_highest_epoch_wins_and_a_stale_view_is_ignored():
     cache = LeaderCache()
     tid = uuid.uuid4()
-    assert cache.observe_metadata([metadata_topic("orders", [(1, 4), (2, 7)], topic_id=tid)], 1.0) == 2
+    assert cache.observe_topic("orders", tid.bytes, quads([(1, 4), (2, 7)]), 1.0) == 2
     assert cache.leader("orders", 0) == PartitionLeader(1, 4)
     assert cache.name_of(tid) == "orders"
     assert cache.observe("orders", 0, 3, 5, 2.0)  # a hint: moved to 3 at epoch 5
     # A Metadata response from a broker that has not heard yet: epoch 4 names leader 1.
-    assert cache.observe_metadata([metadata_topic("orders", [(1, 4), (2, 7)])], 3.0) == 0
+    assert cache.observe_topic("orders", None, quads([(1, 4), (2, 7)]), 3.0) == 0
     assert cache.leader("orders", 0) == PartitionLeader(3, 5)
     assert cache.stale_ignored == 1
     assert cache.age_s(4.0) == 2.0  # last changed at 2.0: the stale view changed nothing
@@ -52,19 +52,36 @@ def test_an_epoch_names_one_leader_and_unknown_epochs_rank_lowest():
     assert cache.stale_ignored == stale  # no epoch is not an old epoch: nothing counted
 
 
-def test_errors_and_leaderless_partitions_teach_nothing():
+def test_leaderless_partitions_teach_nothing():
     cache = LeaderCache()
-    assert cache.observe_metadata([metadata_topic("gone", [(1, 1)], error=3),
-                                   metadata_topic("electing", [(-1, 2)])], 0.0) == 0
-    assert len(cache) == 0 and cache.age_s(1.0) is None
+    assert cache.observe_topic("electing", None, quads([(-1, 2), (3, 1)]), 0.0) == 1
+    assert cache.leader("electing", 0) is None
+    assert cache.observe_topic("electing", None, quads([(2, 3), (-1, 1)]), 1.0) == 1  # elected; 1 lost its leader
+    assert cache.leader("electing", 0) == PartitionLeader(2, 3)
+    assert cache.leader("electing", 1) == PartitionLeader(3, 1)  # a leaderless view says nothing
+    assert cache.observe_topic("electing", None, quads([(2, 3), (3, 1)]), 2.0) == 0
+    assert cache.age_s(3.0) == 2.0
+
+
+def test_partitions_out_of_order_or_added_are_found():
+    cache = LeaderCache()
+    cache.observe_topic("t", None, array("i", [0, 1, 5, 1, 0, 0, 4, 1]), 0.0)  # index 1 before index 0
+    assert (cache.leader("t", 0), cache.leader("t", 1)) == (PartitionLeader(4, 1), PartitionLeader(5, 1))
+    assert cache.observe("t", 7, 6, 0, 1.0) and cache.leader("t", 7) == PartitionLeader(6, 0)
+    assert cache.leader("t", 2) is None and cache.leader("u", 0) is None
+    assert len(cache) == 3
 
 
 def test_the_cache_is_bounded():
     cache = LeaderCache(max_partitions=100)
     for i in range(250):
         cache.observe(f"t{i}", 0, 1, 0, 0.0)
+        cache.learn_id(uuid.UUID(int=i + 1), f"t{i}")
     assert len(cache) <= 100
     assert cache.leader("t249", 0) is not None
+    assert cache.name_of(uuid.UUID(int=250)) == "t249" and cache.name_of(uuid.UUID(int=1)) is None
+    cache.observe_topic("big", None, quads([(1, 0)] * 80), 0.0)  # a topic of 80 partitions makes room for itself
+    assert len(cache) <= 100 and cache.leader("big", 79) == PartitionLeader(1, 0)
 
 
 @pytest.mark.parametrize("broker_max,expected", [

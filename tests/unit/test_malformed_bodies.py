@@ -353,7 +353,7 @@ class Proxy:
         self.server = ProxyServer(self.config)
         self.chain = self.server.chain
         self.server.leaders.observe(TOPIC, PARTITION, LEADER, 9, 0.0)
-        self.server.leaders.names[TOPIC_ID] = TOPIC
+        self.server.leaders.learn_id(TOPIC_ID, TOPIC)
         for f in self.chain._request_filters + self.chain._response_filters:
             if hasattr(f, "topics"):
                 f.topics = EveryTopic()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import random
 import struct
 import uuid
+from array import array
 from types import SimpleNamespace
 
 import pytest
@@ -242,16 +243,11 @@ def test_a_response_without_endpoints_is_the_very_frame(api_key, version):
     assert EndpointRewriteFilter().on_response(ctx, entry, frame) is frame and seen == []
 
 
-class _Topic(SimpleNamespace):
-    pass
-
-
 @pytest.mark.parametrize("api_key", [ApiKey.SHARE_FETCH, ApiKey.SHARE_ACKNOWLEDGE])
 @pytest.mark.parametrize("version", VERSIONS)
 def test_a_moved_partitions_current_leader_is_learned(api_key, version):
     cache = LeaderCache()
-    parts = [SimpleNamespace(partition_index=i, leader_id=1, leader_epoch=4, error_code=0) for i in range(2)]
-    cache.observe_metadata([_Topic(name="orders", error_code=0, topic_id=TOPIC_ID, partitions=parts)], 1.0)
+    cache.observe_topic("orders", TOPIC_ID.bytes, array("i", [0, 0, 1, 4, 0, 1, 1, 4]), 1.0)
     if api_key == ApiKey.SHARE_FETCH:
         body, _ = share_fetch_body(version, [OK_PARTITION, MOVED_PARTITION], [B3])
     else:

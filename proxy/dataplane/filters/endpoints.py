@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 from protocol import rewrite
@@ -10,8 +9,10 @@ from protocol.apis import ApiKey
 from protocol.frames import Buffer
 from protocol.headers import response_body_offset
 from protocol.messages import decode_response, encode_body
+from protocol.metadata_scan import rewrite_metadata_body
 from protocol.scan import FetchHead, ResponseScan, scan_fetch_response, scan_produce_response
 from protocol.share_scan import scan_share_acknowledge, scan_share_fetch
+from proxy.cluster.metadata_learner import MetadataLearner
 from proxy.dataplane.filters.api import FilterContext, FilterSpec, Frame
 from proxy.dataplane.inflight import InFlight
 
@@ -27,14 +28,22 @@ _SCANNERS: dict[int, Callable[[Buffer, int], ResponseScan]] = {
 
 class EndpointRewriteFilter:
     """Rewrites Metadata, FindCoordinator, DescribeCluster, and the NodeEndpoints of Produce,
-    Fetch, ShareFetch and ShareAcknowledge."""
+    Fetch, ShareFetch and ShareAcknowledge.
+
+    A Metadata response is not decoded: its broker list is rewritten in place of the broker's
+    and every other byte goes on as the broker sent it (protocol.metadata_scan); its topics are
+    learned by ``learner``, a slice at a time (proxy.cluster.metadata_learner)."""
 
     # Produce / Fetch carry no endpoints before _NODE_ENDPOINTS_SINCE.
-    spec = FilterSpec(response_keys=frozenset(rewrite.ENDPOINT_REWRITERS), response_since=_NODE_ENDPOINTS_SINCE,
+    spec = FilterSpec(response_keys=frozenset({ApiKey.METADATA, *rewrite.ENDPOINT_REWRITERS}),
+                      response_since=_NODE_ENDPOINTS_SINCE,
                       stream=True)
     # Whether Fetch responses may stream (proxy.dataplane.routes.StreamRoute); off for good once a broker
     # sent NodeEndpoints where KIP-951 says it would not.
     streams = True
+
+    def __init__(self, learner: MetadataLearner | None = None) -> None:
+        self.learner = learner if learner is not None else MetadataLearner()
 
     def on_stream_head(self, ctx: FilterContext, entry: InFlight, head: FetchHead) -> bool:
         return self.streams  # the endpoints are in the tail, seen before it is sent
@@ -54,6 +63,14 @@ class EndpointRewriteFilter:
         if since is not None and version < since:
             return frame
         offset = response_body_offset(frame, key, version)
+        if key == ApiKey.METADATA:
+            body = memoryview(frame)[offset:]
+            if not isinstance(body.obj, bytes):
+                body = memoryview(bytes(body))  # learned later: must not change meanwhile
+            # The cache keeps the brokers' own view: the body is the broker's, untouched.
+            rewritten, head = rewrite_metadata_body(body, version, ctx.cluster.advertise, memoryview(frame)[:offset])
+            self.learner.learn(ctx.topics, ctx.leaders, body, version, head.topics_at)
+            return rewritten
         if since is not None:
             # Hot path: walk the body without copying records (once: the leader filter may have
             # walked this very frame already); decode only to rewrite endpoints.
@@ -61,9 +78,5 @@ class EndpointRewriteFilter:
             if not scan.node_endpoints:
                 return frame
         resp = decode_response(key, version, memoryview(frame)[offset:])
-        if key == ApiKey.METADATA:
-            ctx.topics.observe_metadata(resp)
-            # Before the rewrite: the leader cache keeps the brokers' own view.
-            ctx.leaders.observe_metadata(resp.topics, time.monotonic())
         rewrite.ENDPOINT_REWRITERS[key](resp, ctx.cluster.advertise)
         return bytes(frame[:offset]) + encode_body(resp)
