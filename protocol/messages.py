@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import threading
 from collections.abc import Iterable
 from struct import Struct
 from typing import Any, cast
@@ -51,8 +52,9 @@ def decode_response(api_key: int, api_version: int, body: Buffer) -> ApiMessage:
     return _decode(SPECS[api_key].response, api_version, view, _UNCOUNTED)
 
 
-class _TaggedCopies:
-    """How many bytes kafka-python's decoder may still copy for tagged fields in one decode.
+class _TaggedCopies(threading.local):
+    """How many bytes kafka-python's decoder may still copy for tagged fields in one decode
+    (per thread: a big body is decoded off the event loop, proxy.dataplane.offload).
 
     Its generated decoders read a struct's non-empty tagged fields from a copy of everything
     after them (``BytesIO(bytes(data[pos:]))``), so a body with tags on many structs costs time
@@ -63,9 +65,12 @@ class _TaggedCopies:
     budget_bytes: float = 0
 
 
+_tagged_copies = _TaggedCopies()
+
+
 def _counted_bytes_io(copy: bytes) -> io.BytesIO:
-    _TaggedCopies.budget_bytes -= len(copy)
-    if _TaggedCopies.budget_bytes < 0:
+    _tagged_copies.budget_bytes -= len(copy)
+    if _tagged_copies.budget_bytes < 0:
         raise DecodeError("tagged fields on too many structs (decoding it would copy the body over and over)")
     return io.BytesIO(copy)
 
@@ -90,7 +95,7 @@ def _decode(cls: type[ApiMessage], version: int, body: Buffer, tagged_budget_byt
         )
         # The generated decoder looks its BytesIO up in its own globals: count what it copies.
         decode_from.__globals__["_BytesIO"] = _counted_bytes_io
-        _TaggedCopies.budget_bytes = tagged_budget_bytes
+        _tagged_copies.budget_bytes = tagged_budget_bytes
         message, end = decode_from(view, 0)
     except DecodeError:
         raise

@@ -5,11 +5,11 @@ from __future__ import annotations
 from struct import Struct
 from typing import cast
 
-from .apis import SPECS
+from .apis import SPECS, ApiKey
 from .frames import Buffer
 from .headers import response_body_offset
 from .messages import decode_response, encode_body
-from .scan import need_bytes
+from .scan import need_bytes, scan_produce_response
 
 _INT32 = Struct(">i")
 
@@ -35,24 +35,35 @@ def has_throttle_field(api_key: int, api_version: int) -> bool:
     return since is not None and api_version >= since
 
 
+def _throttle_at(api_key: int, api_version: int, frame: Buffer, offset: int) -> int | None:
+    """Where ``throttle_time_ms`` is in the frame, when it can be found without decoding."""
+    if api_key in _FIRST_FIELD_SINCE:
+        return offset
+    if api_key == ApiKey.PRODUCE and api_version >= 9:  # after the partitions: walked, not decoded
+        return offset + scan_produce_response(memoryview(frame)[offset:], api_version).throttle_offset
+    return None
+
+
 def with_throttle(api_key: int, api_version: int, frame: Buffer, throttle_ms: int) -> Buffer:
     """The response frame with ``throttle_time_ms`` raised to at least ``throttle_ms``.
 
     Returns ``frame`` itself when the broker's value is already as high or the version has no
-    such field. When the field leads the body it is patched in place of a copy; otherwise
-    (Produce, ApiVersions, OffsetDelete) the small body is decoded and re-encoded. Raises a
+    such field. When the field leads the body, or follows the partitions of a flexible Produce
+    (walked, not decoded), it is patched in place of a copy; otherwise (Produce before v9,
+    ApiVersions, OffsetDelete) the body is decoded and re-encoded. Raises a
     :class:`~protocol.errors.ProtocolError` for a frame too short or malformed to hold it.
     """
     if not has_throttle_field(api_key, api_version):
         return frame
     offset = response_body_offset(frame, api_key, api_version)
-    if api_key in _FIRST_FIELD_SINCE:
-        need_bytes(frame, offset, 4, "throttle_time_ms")
-        (current,) = _INT32.unpack_from(frame, offset)
+    at = _throttle_at(api_key, api_version, frame, offset)
+    if at is not None:
+        need_bytes(frame, at, 4, "throttle_time_ms")
+        (current,) = _INT32.unpack_from(frame, at)
         if current >= throttle_ms:
             return frame
         patched = bytearray(frame)
-        _INT32.pack_into(patched, offset, throttle_ms)
+        _INT32.pack_into(patched, at, throttle_ms)
         return patched
     resp = decode_response(api_key, api_version, memoryview(frame)[offset:])
     if resp.throttle_time_ms >= throttle_ms:
@@ -66,8 +77,9 @@ def throttle_of(api_key: int, api_version: int, frame: Buffer) -> int:
     if not has_throttle_field(api_key, api_version):
         return 0
     offset = response_body_offset(frame, api_key, api_version)
-    if api_key in _FIRST_FIELD_SINCE:
-        need_bytes(frame, offset, 4, "throttle_time_ms")
-        throttle_ms: int = _INT32.unpack_from(frame, offset)[0]  # a typed local, not a cast() call
+    at = _throttle_at(api_key, api_version, frame, offset)
+    if at is not None:
+        need_bytes(frame, at, 4, "throttle_time_ms")
+        throttle_ms: int = _INT32.unpack_from(frame, at)[0]  # a typed local, not a cast() call
         return throttle_ms
     return cast(int, decode_response(api_key, api_version, memoryview(frame)[offset:]).throttle_time_ms)

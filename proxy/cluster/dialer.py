@@ -34,6 +34,7 @@ from config import ConfigError
 from config.model import UpstreamConfig, UpstreamSaslConfig
 from protocol.headers import response_body_offset
 from protocol.messages import decode_response
+from proxy.cluster.offload import decode_response_off_loop, is_big, off_loop
 from proxy.identity.sasl_client import SaslAuthenticationError, SaslCredentials, SaslRefused, authenticate, credentials
 from proxy.identity.tls import client_tls
 from proxy.identity.upstream_identity import IdentityLog, sasl_principal
@@ -46,6 +47,10 @@ _INT32 = Struct(">i")
 _CLIENT_ID = "kafka-quota-proxy"
 
 
+def _framed(request: Any) -> bytes:
+    return bytes(request.encode(header=True, framed=True))
+
+
 class OwnConnection:
     """One connection the proxy opened by itself, ready for requests (see BrokerDialer.open)."""
 
@@ -55,17 +60,22 @@ class OwnConnection:
         self._correlation_id = 0
         self.api_versions: dict[int, tuple[int, int]] = {}  # api key -> (min, max) the broker offers
 
-    async def round_trip(self, request: Any) -> Any:
-        """Sends a kafka-python request and returns the broker's decoded response."""
-        body = await self.round_trip_body(request)
+    async def round_trip(self, request: Any, big: bool = False) -> Any:
+        """Sends a kafka-python request and returns the broker's decoded response. ``big``: the
+        request names thousands of topics, and is encoded off the event loop."""
+        body = await self.round_trip_body(request, big)
+        if is_big(body):  # the partitions of thousands of topics: decoded off the loop
+            return await decode_response_off_loop(request.API_KEY, request.API_VERSION, body)
         return decode_response(request.API_KEY, request.API_VERSION, body)
 
-    async def round_trip_body(self, request: Any) -> memoryview:
+    async def round_trip_body(self, request: Any, big: bool = False) -> memoryview:
         """Sends a kafka-python request and returns the body of the broker's response, not
-        decoded (for a response too big to decode on the event loop: protocol.metadata_scan)."""
+        decoded (for a response too big to decode on the event loop: protocol.metadata_scan).
+        ``big``: as for :meth:`round_trip`."""
         self._correlation_id += 1
         request.with_header(correlation_id=self._correlation_id, client_id=_CLIENT_ID)
-        self._writer.write(bytes(request.encode(header=True, framed=True)))
+        frame = await off_loop(_framed, request) if big else _framed(request)
+        self._writer.write(frame)
         await self._writer.drain()
         (size,) = _INT32.unpack(await self._reader.readexactly(4))
         frame = await self._reader.readexactly(size)

@@ -46,6 +46,7 @@ from config.model import Config, QuotaAdminConfig, unenforced_kinds
 from protocol.apis import SPECS
 from protocol.headers import RequestHeader, encode_response_header, response_header_is_flexible
 from protocol.messages import decode_request, encode_body
+from proxy.cluster.offload import decode_request_off_loop, is_big
 from proxy.control.quota_store import QuotaStore, StoreUnavailable
 from proxy.dataplane.filters.api import Answer, Defer, FilterContext, FilterSpec, Frame
 from proxy.dataplane.inflight import InFlight
@@ -115,8 +116,16 @@ class ClientQuotasFilter:
 
     def on_request(self, ctx: FilterContext, header: RequestHeader, frame: Frame,
                    entry: InFlight) -> Answer | Defer:
-        key, version = header.api_key, header.api_version
-        req = decode_request(key, version, memoryview(frame)[header.body_offset :])
+        body = memoryview(frame)[header.body_offset :]
+        if is_big(body):  # thousands of entries: decoded off the loop (proxy.cluster.offload)
+            return Defer(self._decoded_off_loop(ctx, header, body))
+        return self._on_decoded(ctx, header, decode_request(header.api_key, header.api_version, body))
+
+    async def _decoded_off_loop(self, ctx: FilterContext, header: RequestHeader, body: memoryview) -> Answer | Defer:
+        return self._on_decoded(ctx, header, await decode_request_off_loop(header.api_key, header.api_version, body))
+
+    def _on_decoded(self, ctx: FilterContext, header: RequestHeader, req: Any) -> Answer | Defer:
+        key = header.api_key
         principal = ctx.session.principal
         if key == DESCRIBE_CLIENT_QUOTAS:
             components = [(c.entity_type, c.match_type, c.match) for c in req.components]

@@ -38,10 +38,11 @@ from protocol import errors
 from protocol.apis import SPECS, STRICT_SINCE, ApiKey
 from protocol.headers import RequestHeader, encode_response_header, response_body_offset
 from protocol.messages import decode_request, decode_response, encode_body
+from proxy.cluster.offload import decode_request_off_loop, decode_response_off_loop, is_big
 from proxy.cluster.refresh import fetch_num_partitions, fetch_topics
 from proxy.cluster.topics import TopicCache
 from proxy.dataplane.filters import mutation_checks as checks
-from proxy.dataplane.filters.api import Answer, Defer, FilterContext, FilterSpec, Forward, Frame
+from proxy.dataplane.filters.api import Answer, Defer, FilterContext, FilterSpec, Forward, Frame, Hold
 from proxy.dataplane.filters.quotas import now_ms
 from proxy.dataplane.filters.shadow import applied, enforced, note_shadow
 from proxy.dataplane.inflight import InFlight, NoteKey
@@ -113,7 +114,18 @@ class ControllerMutationFilter:
                    entry: InFlight) -> Answer | Forward | Defer | None:
         if header.body_offset < 0:
             return None
-        req = decode_request(header.api_key, header.api_version, memoryview(frame)[header.body_offset :])
+        body = memoryview(frame)[header.body_offset :]
+        if is_big(body):  # thousands of topics: decoded off the loop (proxy.cluster.offload)
+            return Defer(self._decoded_off_loop(ctx, header, frame, entry, body))
+        return self._on_decoded(ctx, header, frame, entry, decode_request(header.api_key, header.api_version, body))
+
+    async def _decoded_off_loop(self, ctx: FilterContext, header: RequestHeader, frame: Frame, entry: InFlight,
+                                body: memoryview) -> Answer | Forward | Defer | None:
+        req = await decode_request_off_loop(header.api_key, header.api_version, body)
+        return self._on_decoded(ctx, header, frame, entry, req)
+
+    def _on_decoded(self, ctx: FilterContext, header: RequestHeader, frame: Frame, entry: InFlight,
+                    req: Any) -> Answer | Forward | Defer | None:
         if getattr(req, "validate_only", False):
             _NOTE.set(entry, VALIDATE_ONLY)
             return None  # KIP-599: validation is not a mutation
@@ -301,12 +313,24 @@ class ControllerMutationFilter:
 
     # -- response side: settle the charges, keep the partition counts current ----------------
 
-    def on_response(self, ctx: FilterContext, entry: InFlight, frame: Frame) -> Frame:
+    def on_response(self, ctx: FilterContext, entry: InFlight, frame: Frame) -> Frame | Hold:
         note = _NOTE.get(entry)
         if note is VALIDATE_ONLY:
             return frame
         offset = response_body_offset(frame, entry.api_key, entry.api_version)
-        resp = decode_response(entry.api_key, entry.api_version, memoryview(frame)[offset:])
+        body = memoryview(frame)[offset:]
+        if is_big(body):
+            return Hold(self._learned_off_loop(entry, frame, body, note))
+        self._learn(entry, decode_response(entry.api_key, entry.api_version, body), note)
+        return frame
+
+    async def _learned_off_loop(self, entry: InFlight, frame: Frame, body: memoryview,
+                                note: _Charges | _Validation | None) -> Frame:
+        self._learn(entry, await decode_response_off_loop(entry.api_key, entry.api_version, body), note)
+        return frame
+
+    def _learn(self, entry: InFlight, resp: Any, note: _Charges | _Validation | None) -> None:
+        """What the broker's answer tells: partition counts to keep or forget, charges to settle."""
         results = getattr(resp, _RESULTS[entry.api_key])
         if entry.api_key == ApiKey.CREATE_PARTITIONS:
             for t in results:
@@ -320,9 +344,8 @@ class ControllerMutationFilter:
             for t in results:
                 if t.error_code == 0 and t.name:
                     self.topics.forget(t.name)
-        if note is not None:
+        if isinstance(note, _Charges):
             self._settle(entry, note, results)
-        return frame
 
     def _settle(self, entry: InFlight, charges: _Charges, results: Sequence[Any]) -> None:
         """What the broker did, charged; what it refused, given back (only the topics it was sent)."""

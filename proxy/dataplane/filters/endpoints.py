@@ -13,7 +13,8 @@ from protocol.metadata_scan import rewrite_metadata_body
 from protocol.scan import FetchHead, ResponseScan, scan_fetch_response, scan_produce_response
 from protocol.share_scan import scan_share_acknowledge, scan_share_fetch
 from proxy.cluster.metadata_learner import MetadataLearner
-from proxy.dataplane.filters.api import FilterContext, FilterSpec, Frame
+from proxy.cluster.offload import decode_response_off_loop, encode_off_loop, is_big
+from proxy.dataplane.filters.api import FilterContext, FilterSpec, Frame, Hold
 from proxy.dataplane.inflight import InFlight
 
 # First versions carrying NodeEndpoints: KIP-951's (tagged), KIP-932's (a field from v0).
@@ -57,7 +58,7 @@ class EndpointRewriteFilter:
             return False
         return True
 
-    def on_response(self, ctx: FilterContext, entry: InFlight, frame: Frame) -> Frame:
+    def on_response(self, ctx: FilterContext, entry: InFlight, frame: Frame) -> Frame | Hold:
         key, version = entry.api_key, entry.api_version
         since = _NODE_ENDPOINTS_SINCE.get(key)
         if since is not None and version < since:
@@ -77,6 +78,15 @@ class EndpointRewriteFilter:
             scan = entry.scan or _SCANNERS[key](memoryview(frame)[offset:], version)
             if not scan.node_endpoints:
                 return frame
-        resp = decode_response(key, version, memoryview(frame)[offset:])
+        body = memoryview(frame)[offset:]
+        if is_big(body):  # a FindCoordinator of many groups, a Fetch of many partitions
+            return Hold(self._rewritten_off_loop(ctx, key, version, frame, offset))
+        resp = decode_response(key, version, body)
         rewrite.ENDPOINT_REWRITERS[key](resp, ctx.cluster.advertise)
         return bytes(frame[:offset]) + encode_body(resp)
+
+    @staticmethod
+    async def _rewritten_off_loop(ctx: FilterContext, key: int, version: int, frame: Frame, offset: int) -> bytes:
+        resp = await decode_response_off_loop(key, version, memoryview(frame)[offset:])
+        rewrite.ENDPOINT_REWRITERS[key](resp, ctx.cluster.advertise)  # on the loop: it may open listeners
+        return bytes(frame[:offset]) + await encode_off_loop(resp)

@@ -39,7 +39,8 @@ from protocol.headers import (
     response_header_is_flexible,
 )
 from protocol.messages import decode_request, decode_response, encode_body
-from proxy.dataplane.filters.api import Answer, FilterContext, FilterSpec, Forward, Frame
+from proxy.cluster.offload import decode_request_off_loop, is_big
+from proxy.dataplane.filters.api import Answer, Defer, FilterContext, FilterSpec, Forward, Frame
 from proxy.dataplane.inflight import InFlight
 from proxy.observability.logs import LogLimiter
 
@@ -71,9 +72,19 @@ class TopicPrefixPolicyFilter:
         return None
 
     def on_request(self, ctx: FilterContext, header: RequestHeader, frame: Frame,
-                   entry: InFlight) -> Answer | Forward | None:
+                   entry: InFlight) -> Answer | Forward | Defer | None:
+        body = memoryview(frame)[header.body_offset :]
+        if is_big(body):  # thousands of topics: decoded off the loop (proxy.cluster.offload)
+            return Defer(self._decoded_off_loop(ctx, header, frame, body))
+        return self._on_decoded(ctx, header, frame, decode_request(_CREATE_TOPICS, header.api_version, body))
+
+    async def _decoded_off_loop(self, ctx: FilterContext, header: RequestHeader, frame: Frame,
+                                body: memoryview) -> Answer | Forward | None:
+        return self._on_decoded(ctx, header, frame, await decode_request_off_loop(_CREATE_TOPICS, header.api_version,
+                                                                                  body))
+
+    def _on_decoded(self, ctx: FilterContext, header: RequestHeader, frame: Frame, req: Any) -> Answer | Forward | None:
         version = header.api_version
-        req = decode_request(_CREATE_TOPICS, version, memoryview(frame)[header.body_offset :])
         counts = Counter(t.name for t in req.topics)  # each name once, in request order
         refused: dict[str, tuple[int, str]] = {}  # name -> (error code, message)
         for name, n in counts.items():
