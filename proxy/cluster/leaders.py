@@ -63,6 +63,7 @@ class LeaderCache:
         self._max = max_partitions
         self.updated_at_s: float | None = None  # monotonic time of the last change
         self.stale_ignored = 0  # observations older than what the cache holds
+        self.generation = 0  # counts evictions: what was learned may be gone
 
     def __len__(self) -> int:
         """Partitions held."""
@@ -159,6 +160,7 @@ class LeaderCache:
             self._partitions -= len(self._topics.pop(name)) // 4
         held = self._topics
         self._ids = {i: n for i, n in self._ids.items() if n in held}
+        self.generation += 1
 
     def age_s(self, now_s: float) -> float | None:
         return None if self.updated_at_s is None else now_s - self.updated_at_s

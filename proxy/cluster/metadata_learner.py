@@ -35,6 +35,15 @@ SLICE_PARTITIONS = 2_000
 # Responses waiting to be learned hold their bytes: past this many, the oldest waiting one is
 # dropped (a newer one tells at least as much), never the one being read.
 MAX_PENDING_BYTES = 64 << 20
+# The topics of the last response learned are kept (as bytes) up to this size: a response whose
+# topics are the very same bytes (a cluster that did not change, asked again and again by
+# pattern-subscribing consumers and admin tools) is not walked again.
+MAX_REMEMBERED_BYTES = 16 << 20
+
+
+# What a learned response's topics were learned into: the caches, as they were (their
+# generations change when they forget or drop topics), and the version read.
+_Into = tuple[int, int, int, int, int]
 
 
 @dataclass
@@ -45,6 +54,8 @@ class _Learning:
     size: int
     done: asyncio.Future[int] | None = None  # resolved with the number of leaders changed
     changed: int = 0
+    into: _Into | None = None
+    region: bytes | None = None  # its topics, to remember once learned
 
 
 class MetadataLearner:
@@ -53,7 +64,9 @@ class MetadataLearner:
     Guarantees: responses are learned in the order they were given; at most
     ``slice_partitions`` partitions are read per turn of the event loop; the bytes waiting
     are bounded by ``max_pending_bytes``; a body that does not match its schema is dropped
-    with a rate-limited log line and a count (``stats.metadata_learned["malformed"]``)."""
+    with a rate-limited log line and a count (``stats.metadata_learned["malformed"]``); a
+    response whose topics are byte for byte those of the last one learned into the same caches
+    (which forgot and dropped nothing since) is not walked again (``"unchanged"``)."""
 
     def __init__(self, stats: ProxyStats | None = None, slice_partitions: int = SLICE_PARTITIONS,
                  max_pending_bytes: int = MAX_PENDING_BYTES) -> None:
@@ -66,6 +79,7 @@ class MetadataLearner:
         self._log = LogLimiter(log)
         self.dropped = 0  # responses dropped unlearned: too many bytes waiting
         self.malformed = 0
+        self._learned: tuple[_Into, bytes] | None = None  # the last response learned, its topics
 
     @property
     def pending(self) -> int:
@@ -87,12 +101,19 @@ class MetadataLearner:
 
     def _start(self, topics: TopicCache, leaders: LeaderCache, body: Buffer, version: int, topics_at: int,
                done: asyncio.Future[int] | None) -> None:
+        into = (id(topics), id(leaders), version, topics.generation, leaders.generation)
+        region = bytes(body[topics_at:]) if len(body) - topics_at <= MAX_REMEMBERED_BYTES else None
+        if region is not None and not self._queue and self._learned == (into, region):
+            self._count("unchanged")  # the same topics, learned into the same caches: nothing to walk
+            if done is not None:
+                done.set_result(0)
+            return
         try:
             walk = TopicWalk(body, version, topics_at)
         except ScanError as exc:
             self._malformed(exc, done)
             return
-        job = _Learning(walk, topics, leaders, len(body), done)
+        job = _Learning(walk, topics, leaders, len(body), done, into=into, region=region)
         if not self._queue and self._slice(job):
             return
         self._queue.append(job)
@@ -127,6 +148,8 @@ class MetadataLearner:
         if not job.walk.done:
             return False
         self._count("responses")
+        if job.region is not None and job.into is not None:
+            self._learned = (job.into, job.region)
         if job.done is not None and not job.done.done():
             job.done.set_result(job.changed)
         return True

@@ -19,6 +19,7 @@ class TopicCache:
         self._ids: dict[bytes, str] = {}  # the 16 bytes of a topic id → its name
         self.num_partitions_default: int | None = None  # the broker's num.partitions, once known
         self._max = max_topics
+        self.generation = 0  # counts forgets and evictions: what was learned may be gone
 
     def put(self, name: str, partitions: int, topic_id: uuid.UUID | None = None) -> None:
         self.put_scanned(name, partitions, None if topic_id is None else topic_id.bytes)
@@ -28,6 +29,7 @@ class TopicCache:
         if name not in self.partitions and len(self.partitions) >= self._max:
             for stale in list(self.partitions)[: self._max // 2]:
                 del self.partitions[stale]
+            self.generation += 1
             self._ids = {i: n for i, n in self._ids.items() if n in self.partitions}
         self.partitions[name] = partitions
         if topic_id is not None and topic_id != _NO_ID:
@@ -37,7 +39,8 @@ class TopicCache:
         return self._ids.get(topic_id.bytes)
 
     def forget(self, name: str) -> None:
-        self.partitions.pop(name, None)
+        if self.partitions.pop(name, None) is not None:
+            self.generation += 1
 
     def count(self, name: str | None = None, topic_id: uuid.UUID | None = None) -> int | None:
         if name is None and topic_id is not None:

@@ -149,7 +149,8 @@ class ProxyStats:
         self.broker_listeners = 0
         self.metadata_refreshes: defaultdict[str, int] = defaultdict(int)
         # Metadata responses whose topics the proxy read (proxy.cluster.metadata_learner), by
-        # outcome: "responses" (learned), "malformed", "dropped" (too many bytes waiting).
+        # outcome: "responses" (learned), "unchanged" (the same topics as the last: not walked),
+        # "malformed", "dropped" (too many bytes waiting).
         self.metadata_learned: defaultdict[str, int] = defaultdict(int)
         # Record sets whose batch headers could not be read (forwarded as they are, uncharged).
         self.records_scan_failures: defaultdict[str, int] = defaultdict(int)

@@ -321,3 +321,35 @@ def test_the_leader_cache_costs_about_16_bytes_a_partition_and_stays_bounded():
         bounded.observe_topic(name, topic_id, q, 0.0)
         assert len(bounded) <= 1_000
     assert bounded.leader(names[999], 4) == PartitionLeader(1, 7)
+
+
+def test_the_same_topics_again_are_not_walked_again_unless_the_caches_forgot_something(monkeypatch):
+    import proxy.cluster.metadata_learner as module
+
+    body = generated(12, 3_000)
+    stats = ProxyStats()
+    topics, cache = TopicCache(), LeaderCache()
+    walks = []
+
+    class Counting(TopicWalk):
+        def __init__(self, *args):
+            walks.append(1)
+            super().__init__(*args)
+
+    monkeypatch.setattr(module, "TopicWalk", Counting)
+    learner = MetadataLearner(stats)
+
+    def learn(body):
+        async def run():
+            await learner.learn_all(topics, cache, body, 12, read_metadata_head(body, 12).topics_at)
+        asyncio.run(run())
+
+    learn(body)
+    learn(bytes(body))  # the same bytes: not walked
+    assert (len(walks), stats.metadata_learned["unchanged"]) == (1, 1)
+    name = next(iter(topics.partitions))
+    topics.forget(name)  # a DeleteTopics went through: the next response is read again
+    learn(body)
+    assert len(walks) == 2 and topics.count(name) is not None
+    learn(generated(12, 3_000, seed=2))  # other topics: read
+    assert len(walks) == 3
