@@ -122,14 +122,16 @@ class LeaderCache:
 
     def observe_topic(self, name: str, topic_id: bytes | None, partitions: Quads, now_s: float) -> int:
         """Takes a topic of a Metadata response that came back without error (its partitions
-        as ``protocol.metadata_scan`` reads them); returns how many leaders changed. A topic
-        the cache holds exactly so (the common case: nothing moved) costs one comparison."""
+        as ``protocol.metadata_scan`` reads them: the cache keeps that very array, so it must not
+        change afterwards); returns how many leaders changed. A topic the cache holds exactly so
+        (the common case: nothing moved) costs one comparison."""
         if topic_id is not None and topic_id != _NO_ID_BYTES:
             self._ids[topic_id] = name
         known = self._topics.get(name)
         if known is None:
-            self._insert(name, array("i", partitions))
-            changed = sum(1 for leader in partitions[2::4] if leader >= 0)
+            self._insert(name, partitions)
+            leaders = partitions[2::4]
+            changed = len(leaders) - leaders.count(-1)  # -1: no leader (and no other negative is sent)
         elif known == partitions:
             return 0
         else:

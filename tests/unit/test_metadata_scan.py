@@ -298,11 +298,11 @@ def _partitions(cache: LeaderCache) -> int:
 def test_the_leader_cache_costs_about_16_bytes_a_partition_and_stays_bounded():
     """A million partitions is the bound; memory is measured at 200,000 (in 40,000 topics of
     five) with everything the cache holds for them: the arrays, names, ids, dict entries."""
-    quads = [array("i", [x for i in range(5) for x in (0, i, 1, 7)]) for _ in range(40_000)]
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
-        # The names and ids as the walk makes them: new objects, kept by the cache.
+        # The arrays, names and ids as the walk makes them: new objects, kept by the cache.
+        quads = [array("i", [x for i in range(5) for x in (0, i, 1, 7)]) for _ in range(40_000)]
         names = [f"team-{n:06d}.events" for n in range(40_000)]
         ids = [uuid.UUID(int=n + 1).bytes for n in range(40_000)]
         cache = LeaderCache()
