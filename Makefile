@@ -3,7 +3,7 @@
 #                lint (ruff), type-check (mypy), run every test
 #   make demo    install what the demo uses only (the package with its demo and pipeline extras, Java 17
 #                via apt-get when run as root), start a local broker (Tansu) with the proxy in front and use it
-#   make bench   install everything, run the benchmarks (bench/README.md)
+#   make bench   install everything (and HAProxy via apt-get when run as root), run the benchmarks (bench/README.md)
 #   make test-stress  install everything, then the whole suite STRESS_RUNS times (default 3) with every
 #                core kept busy by CPU hogs (tests/under_load.py): what a loaded CI machine sees
 # Each install step prints one line; pip's and apt-get's own output goes to .venv/install.log, whose
@@ -36,7 +36,7 @@ apt = if ! command -v $(2) >/dev/null 2>&1; then \
 	  fi; \
 	fi
 
-.PHONY: venv install demo-install kcat java stunnel test test-stress demo bench clean
+.PHONY: venv install demo-install kcat java stunnel haproxy test test-stress demo bench clean
 
 install: venv
 venv: $(STAMP) kcat java stunnel
@@ -79,6 +79,11 @@ java:
 stunnel:
 	@$(call apt,stunnel4,stunnel4,the upstream TLS tests fail without it)
 
+# HAProxy (Debian package) is one of the intermediaries the benchmarks compare (bench.run's haproxy
+# configuration, left out when it is missing).
+haproxy:
+	@$(call apt,haproxy,haproxy,the haproxy configuration of the benchmarks)
+
 test: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
@@ -91,7 +96,7 @@ test-stress: install
 demo: demo-install
 	$(VENV)/bin/kafka-quota-proxy demo $(DEMO_ARGS)
 
-bench: install
+bench: install haproxy
 	$(VPY) -m bench.run $(BENCH_ARGS)
 
 clean:

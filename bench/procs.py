@@ -1,4 +1,4 @@
-"""Processes the benchmark starts: Tansu broker, Tansu proxy, the byte pump and our proxy.
+"""Processes the benchmark starts: Tansu broker, Tansu proxy, the byte pump, HAProxy and our proxy.
 
 Tansu is started as proxy.app.local_broker does it (a port read back from port 0, confirmed to be
 held by Tansu's own process, retried otherwise; readiness is an ApiVersions round trip), but
@@ -31,6 +31,37 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 
+
+
+def haproxy_binary() -> str | None:
+    """The haproxy executable (Debian puts it in /usr/sbin, which a user's PATH may lack)."""
+    found = shutil.which("haproxy")
+    if found is None and os.access("/usr/sbin/haproxy", os.X_OK):
+        found = "/usr/sbin/haproxy"
+    return found
+
+
+def haproxy_config(port: int, upstream: tuple[str, int]) -> str:
+    """HAProxy as a plain TCP forwarder on 127.0.0.1:``port``: one thread (as the pump and the
+    proxy run one event loop), everything else at its defaults (16 KiB buffers, no splicing).
+    maxconn is set from the open-files limit so the 1,000-connection memory test fits."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    maxconn = max(256, min(10_000, (soft - 100) // 2))
+    return (
+        "global\n"
+        "    nbthread 1\n"
+        f"    maxconn {maxconn}\n"
+        "defaults\n"
+        "    mode tcp\n"
+        "    timeout connect 5s\n"
+        "    timeout client 1h\n"
+        "    timeout server 1h\n"
+        "frontend kafka\n"
+        f"    bind 127.0.0.1:{port}\n"
+        "    default_backend broker\n"
+        "backend broker\n"
+        f"    server broker {upstream[0]}:{upstream[1]}\n"
+    )
 
 
 def raise_nofile(want: int | None = None) -> tuple[int, int]:
@@ -297,6 +328,59 @@ class Launcher:
             self._wait_ready(pump, 10.0)
             return broker, pump
         raise RuntimeError(f"could not start a pumped broker: {last}")
+
+    def haproxy(self, upstream: tuple[str, int], name: str = "haproxy", attempts: int = 10,
+                wait_ready: bool = True) -> Proc:
+        """HAProxy in TCP mode, one thread, forwarding a port of its own to ``upstream``.
+
+        HAProxy cannot listen on port 0 and tell which port it got, so a port is chosen by
+        bind-and-close, haproxy started on it in the foreground (``-db``), and another port tried
+        if it is not the one listening there within 5 s (it exits when the bind fails). With
+        ``wait_ready`` (the broker is up), an ApiVersions round trip through it must succeed."""
+        binary = haproxy_binary()
+        if binary is None:
+            raise RuntimeError("haproxy is not installed (apt-get install haproxy)")
+        last = ""
+        for _ in range(attempts):
+            port = free_port()
+            cfg = self.workdir / f"{name}-{self._n + 1}.cfg"
+            cfg.write_text(haproxy_config(port, upstream))
+            popen, log_path = self._popen(name, "intermediary", [binary, "-db", "-f", str(cfg)])
+            proc = Proc(name, popen, ("127.0.0.1", port), log_path)
+            if not _listening_within(proc, port, 5.0):
+                last = f"port {port}: {'exited' if not proc.alive() else 'not listening'}\n{proc.log_tail()}"
+                proc.stop(1.0)
+                continue
+            self.procs.append(proc)
+            if wait_ready:
+                self._wait_ready(proc, 10.0)
+            return proc
+        raise RuntimeError(f"could not start {name}: {last}")
+
+    def haproxy_broker(self, attempts: int = 10, name: str = "haproxy") -> tuple[Proc, Proc]:
+        """Tansu on port A advertised at HAProxy's port P; HAProxy forwards P -> A (it cannot
+        rewrite the addresses in Metadata either). As :meth:`pumped_broker`: HAProxy first (its
+        port is then certain), A chosen by bind-and-close and retried if Tansu cannot get it."""
+        binary = str(tansu_binary())
+        last = ""
+        for _ in range(attempts):
+            port_a = free_port()
+            hap = self.haproxy(("127.0.0.1", port_a), name=name, wait_ready=False)
+            argv = [binary, "broker", "--listener-url", f"tcp://127.0.0.1:{port_a}",
+                    "--advertised-listener-url", f"tcp://127.0.0.1:{hap.address[1]}",
+                    "--storage-engine", "memory://tansu/"]
+            popen, log_path = self._popen("tansu-broker", "broker", argv)
+            broker = Proc("tansu-broker", popen, ("127.0.0.1", port_a), log_path)
+            if not _listening_within(broker, port_a, 5.0):
+                last = f"port {port_a}: {broker.log_tail()}"
+                broker.stop(1.0)
+                self.stop(hap)
+                continue
+            self.procs.insert(self.procs.index(hap), broker)
+            self._wait_ready(broker, 20.0)
+            self._wait_ready(hap, 10.0)
+            return broker, hap
+        raise RuntimeError(f"could not start a broker behind haproxy: {last}")
 
     def our_proxy(self, upstream: tuple[str, int], name: str = "kafka-quota-proxy",
                   log_level: str = "warning", extra_yaml: str = "", checkout: Path | None = None,

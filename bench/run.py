@@ -1,13 +1,15 @@
 """Compare several ways of reaching one Tansu broker and print a table.
 
-    python -m bench.run            # full run (about 7 minutes, 9 on a busy machine)
-    python -m bench.run --quick    # about two minutes
+    python -m bench.run            # full run (about 10 minutes, 12 on a busy machine)
+    python -m bench.run --quick    # about three and a half minutes
 
 Configurations (each gets a fresh Tansu broker for throughput, so runs do not influence each
 other; for round trips, each intermediary runs again in front of one shared broker):
   direct             clients talk to Tansu
   byte-pump          bench.byte_pump (asyncio.Protocol, uvloop, no parsing) in front of Tansu,
                      which advertises the pump's port so clients stay inside it
+  haproxy            HAProxy in TCP mode with one thread (nbthread 1) in front of Tansu, which
+                     advertises HAProxy's port as for the pump (skipped when haproxy is not installed)
   kafka-quota-proxy  this project, ``python -m proxy run``
   tansu-proxy        Tansu's Rust proxy, ``tansu proxy``
   proxy-with-quotas  this project with quotas on every client, set so high they never throttle
@@ -22,9 +24,13 @@ other; for round trips, each intermediary runs again in front of one shared brok
   proxy-baseline     this project as another work tree has it (--baseline DIR, e.g. a
                      `git worktree` of the commit before a change): before and after in one run
 
-Then, in a table of its own (bench.workers; --workers 1,2 by default when --configs is not given):
-the byte pump and the proxy with ``workers: N`` for each N, under several concurrent producers
-and then consumers (--producers, each a process of its own), throughput and intermediary CPU per MB.
+Then, in tables of their own (each by default when --configs is not given):
+- bench.workers (--workers 1,2): the byte pump and the proxy with ``workers: N`` for each N, under
+  several concurrent producers and then consumers (--producers, each a process of its own),
+  throughput and intermediary CPU per MB;
+- bench.metadata_scale (--metadata-partitions 2000,20000,200000; 2000,20000 with --quick):
+  all-topics Metadata v12 direct, through the byte pump and through the proxy (and the baseline),
+  latency, intermediary CPU per partition and another client's longest round trip meanwhile.
 
 The benchmark client is this process; broker, pump and proxies are subprocesses.
 Results go to bench/results/latest.json (and are printed).
@@ -47,12 +53,12 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import clients
-from .procs import CpuClock, Launcher, Proc, raise_nofile, rss_kib, system_busy_seconds, tansu_binary
+from . import clients, metadata_scale
+from .procs import CpuClock, Launcher, Proc, haproxy_binary, raise_nofile, rss_kib, system_busy_seconds, tansu_binary
 from .tls import BenchPki, make_pki
 
-CONFIGS = ("direct", "byte-pump", "kafka-quota-proxy", "tansu-proxy", "proxy-with-quotas", "proxy-usage-log",
-           "byte-pump-tls", "kafka-quota-proxy-tls", "proxy-fleet")
+CONFIGS = ("direct", "byte-pump", "haproxy", "kafka-quota-proxy", "tansu-proxy", "proxy-with-quotas",
+           "proxy-usage-log", "byte-pump-tls", "kafka-quota-proxy-tls", "proxy-fleet")
 # TLS between the client and the intermediary (plaintext to the broker); compared with each
 # other as the plaintext pump and proxy are.
 TLS_CONFIGS = ("byte-pump-tls", "kafka-quota-proxy-tls")
@@ -123,6 +129,9 @@ def start_config(launcher: Launcher, name: str,
     if name in ("byte-pump", "byte-pump-tls"):
         broker, pump = launcher.pumped_broker(name=name, tls=_tls(name, pki))
         return pump.address, broker, pump
+    if name == "haproxy":
+        broker, hap = launcher.haproxy_broker(name=name)
+        return hap.address, broker, hap
     broker = launcher.tansu_broker()
     proxy = start_intermediary(launcher, name, broker.address, pki)
     return proxy.address, broker, proxy
@@ -150,6 +159,8 @@ def start_intermediary(launcher: Launcher, name: str, broker: tuple[str, int], p
         return launcher.our_proxy(broker, name=name, extra_yaml=usage_log_yaml(launcher.workdir / "usage"))
     if name == "tansu-proxy":
         return launcher.tansu_proxy(broker)
+    if name == "haproxy":
+        return launcher.haproxy(broker, name="rtt-haproxy")
     if name == BASELINE and _baseline_checkout is not None:
         return launcher.our_proxy(broker, name=name, checkout=_baseline_checkout)
     raise ValueError(name)
@@ -545,6 +556,15 @@ def derived(results: dict[str, dict]) -> dict:
                        ("consume_100B", "server_cpu_ns_per_record"), ("consume_1KiB", "server_cpu_ms_per_mb")):
         px, pp = _get(proxy, (key, field)), _get(pump, (key, field))
         out[f"{key} mid CPU proxy/pump"] = {"value": px / pp if px and pp else None, "target": None}
+    haproxy = results.get("haproxy", {})
+    if haproxy:
+        for key in THROUGHPUT_KEYS:
+            px, ph = _get(proxy, (key, "server_cpu_ms_per_mb")), _get(haproxy, (key, "server_cpu_ms_per_mb"))
+            out[f"{key} mid CPU/MB kafka-quota-proxy/haproxy"] = {"value": px / ph if px and ph else None,
+                                                                  "target": "<= 1.5"}
+        for key in THROUGHPUT_KEYS:
+            pp, ph = _get(pump, (key, "server_cpu_ms_per_mb")), _get(haproxy, (key, "server_cpu_ms_per_mb"))
+            out[f"{key} mid CPU/MB byte-pump/haproxy"] = {"value": pp / ph if pp and ph else None, "target": None}
     for key in ("rtt_api_versions", "rtt_produce"):
         d, p, x = (_get(r, (key, "p50_us")) for r in (direct, pump, proxy))
         ratio = None
@@ -676,9 +696,33 @@ def environment() -> dict:
     }
 
 
+def _metadata_sizes(p: argparse.ArgumentParser, args: argparse.Namespace) -> list[int]:
+    """The partition counts of the metadata phase: --metadata-partitions, else the default sizes
+    when --configs is not given (the full run), else none."""
+    counts = args.metadata_partitions
+    if counts is None:
+        sizes = metadata_scale.QUICK_SIZES if args.quick else metadata_scale.FULL_SIZES
+        counts = "none" if args.configs is not None else ",".join(map(str, sizes))
+    try:
+        return metadata_scale.parse_sizes(counts)
+    except ValueError as exc:
+        p.error(f"--metadata-partitions: {exc}")
+
+
+def _without_missing_haproxy(p: argparse.ArgumentParser, args: argparse.Namespace, configs: list[str]) -> None:
+    """Without haproxy installed, its configuration is an error when asked for by name and
+    left out of the default set (with a warning)."""
+    if "haproxy" not in configs or haproxy_binary() is not None:
+        return
+    if args.configs is not None:
+        p.error("--configs haproxy: haproxy is not installed (apt-get install haproxy; make bench does it as root)")
+    configs.remove("haproxy")
+    log("haproxy is not installed: the haproxy configuration is left out (apt-get install haproxy)")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="about two and a half minutes instead of eight")
+    p.add_argument("--quick", action="store_true", help="about three and a half minutes instead of ten")
     p.add_argument("--configs", help=f"comma-separated subset of {','.join(CONFIGS)} (default all; 'none': only "
                                      "the workers phase)")
     p.add_argument("--baseline", type=Path, metavar="DIR",
@@ -702,6 +746,10 @@ def main(argv: list[str] | None = None) -> int:
                         "--producers concurrent clients, in a table of its own (bench.workers); default 1,2 "
                         "when --configs is not given, else none; 'none' skips it")
     p.add_argument("--producers", type=int, help="concurrent clients of the workers phase (default 4)")
+    p.add_argument("--metadata-partitions", metavar="COUNTS",
+                   help="also measure all-topics Metadata with these partition counts on the broker, direct, "
+                        "through the byte pump and the proxy (bench.metadata_scale); default 2000,20000,200000 "
+                        "(--quick: 2000,20000) when --configs is not given, else none; 'none' skips it")
     p.add_argument("--out", type=Path, default=RESULTS_DIR / "latest.json", help="JSON results file")
     p.add_argument("--workdir", type=Path, help="where logs and configs go (default: a temp dir)")
     args = p.parse_args(argv)
@@ -726,16 +774,18 @@ def main(argv: list[str] | None = None) -> int:
         if args.producers < 1:
             p.error("--producers: 1 or more")
         load = workers.LoadPlan(**{**load.__dict__, "producers": args.producers})
+    md_sizes = _metadata_sizes(p, args)
     if args.baseline is not None:
         global _baseline_checkout
         _baseline_checkout = args.baseline.resolve()
         if not (_baseline_checkout / "proxy" / "__main__.py").exists():
             p.error(f"--baseline {args.baseline}: no proxy/ package there")
-        if BASELINE not in configs:
+        if configs and BASELINE not in configs:  # not with --configs none (another phase only)
             configs.append(BASELINE)
     unknown = set(configs) - set(CONFIGS) - ({BASELINE} if args.baseline is not None else set())
     if unknown:
         p.error(f"unknown configurations: {', '.join(sorted(unknown))}")
+    _without_missing_haproxy(p, args, configs)
 
     soft, hard = raise_nofile()
     need = 3 * plan.idle_connections + 200
@@ -755,6 +805,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--pin-round-trips needs taskset (util-linux)")
     results = run_all(configs, plan, workdir, profile_dir, quiet, args.pin_round_trips) if configs else {}
     worker_results = workers.run_workers(worker_counts, load, workdir, quiet) if worker_counts else {}
+    md_plan = metadata_scale.MetadataPlan()
+    md_results = (metadata_scale.run_sizes(md_sizes, md_plan, workdir, _baseline_checkout, quiet.wait)
+                  if md_sizes else {})
 
     report = {
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
@@ -770,17 +823,23 @@ def main(argv: list[str] | None = None) -> int:
     }
     if worker_counts:
         report["workers"] = workers.report(worker_results, worker_counts, load)
+    if md_sizes:
+        report["metadata"] = metadata_scale.report(md_results, md_plan)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
     if configs:
         print(table(results, configs))
     if worker_counts:
         print(("\n" if configs else "") + workers.table(worker_results, worker_counts, load))
+    if md_sizes:
+        print(("\n" if configs or worker_counts else "") + metadata_scale.table(md_results))
     if args.pin_round_trips:
         print(f"\nround trips: the pump and this proxy pinned to CPU(s) {args.pin_round_trips}")
-    print(f"\n{len(configs)} configurations and {len(worker_results)} in the workers phase in "
-          f"{report['duration_s']:.0f}s; JSON: {args.out}")
-    return 1 if any("error" in r or "rtt_error" in r for r in (*results.values(), *worker_results.values())) else 0
+    print(f"\n{len(configs)} configurations, {len(worker_results)} in the workers phase and {len(md_sizes)} metadata "
+          f"sizes in {report['duration_s']:.0f}s; JSON: {args.out}")
+    md_failed = any("error" in r or any("error" in c for c in r["configs"].values()) for r in md_results.values())
+    failed = md_failed or any("error" in r or "rtt_error" in r for r in (*results.values(), *worker_results.values()))
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
