@@ -213,9 +213,11 @@ class TopicWalk:
 
     def _step(self, budget: int) -> list[MetadataTopic]:
         done: list[MetadataTopic] = []
-        if self._open is None and self._version >= 10:
-            budget = self._whole_topics(budget, done)
         while budget > 0 and not self.done:
+            if self._open is None and self._version >= 10:
+                budget = self._whole_topics(budget, done)
+                if budget <= 0:
+                    break
             if self._open is None:
                 if self._topics_left == 0:
                     self._finish()
