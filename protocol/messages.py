@@ -54,7 +54,9 @@ def decode_response(api_key: int, api_version: int, body: Buffer) -> ApiMessage:
 
 class _TaggedCopies(threading.local):
     """How many bytes kafka-python's decoder may still copy for tagged fields in one decode
-    (per thread: a big body is decoded off the event loop, proxy.dataplane.offload).
+    (per thread: a big body is decoded off the event loop, proxy.cluster.offload). Outside
+    :func:`_decode` nothing is counted: kafka-python's own clients share these decoders in the
+    same process (the demo, the proxy's own connections) and must not be refused.
 
     Its generated decoders read a struct's non-empty tagged fields from a copy of everything
     after them (``BytesIO(bytes(data[pos:]))``), so a body with tags on many structs costs time
@@ -62,7 +64,7 @@ class _TaggedCopies(threading.local):
     event loop. Kafka's own clients send no tags there; a body that needs more copying than a
     few times its size is refused instead."""
 
-    budget_bytes: float = 0
+    budget_bytes: float = float("inf")
 
 
 _tagged_copies = _TaggedCopies()
@@ -96,7 +98,10 @@ def _decode(cls: type[ApiMessage], version: int, body: Buffer, tagged_budget_byt
         # The generated decoder looks its BytesIO up in its own globals: count what it copies.
         decode_from.__globals__["_BytesIO"] = _counted_bytes_io
         _tagged_copies.budget_bytes = tagged_budget_bytes
-        message, end = decode_from(view, 0)
+        try:
+            message, end = decode_from(view, 0)
+        finally:
+            _tagged_copies.budget_bytes = _UNCOUNTED
     except DecodeError:
         raise
     except Exception as exc:  # kafka-python raises assorted errors on malformed input

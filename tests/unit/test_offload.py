@@ -9,7 +9,7 @@ import uuid
 from types import SimpleNamespace
 
 import pytest
-from kafka.protocol.admin import DeleteTopicsRequest
+from kafka.protocol.admin import CreateTopicsResponse, DeleteTopicsRequest
 from kafka.protocol.metadata import FindCoordinatorResponse
 
 import protocol.messages as messages
@@ -105,10 +105,31 @@ def test_the_tagged_field_budget_is_each_threads_own():
     seen: list[float] = []
 
     def other() -> None:
-        seen.append(messages._tagged_copies.budget_bytes)  # a thread starts with nothing spent
+        seen.append(messages._tagged_copies.budget_bytes)  # a thread starts uncounted
         messages._tagged_copies.budget_bytes = -1.0
 
     t = threading.Thread(target=other)
     t.start()
     t.join()
-    assert seen == [0] and messages._tagged_copies.budget_bytes == 123.0
+    assert seen == [float("inf")] and messages._tagged_copies.budget_bytes == 123.0
+    messages._tagged_copies.budget_bytes = float("inf")
+
+
+def test_a_decode_outside_the_proxys_own_is_not_counted():
+    """kafka-python's own clients (the demo's, in the proxy's process) decode with the same
+    generated decoders: a response with tagged fields decodes in any thread, before and after
+    a decode of the proxy's."""
+    body = bytes.fromhex("00000000" "02" "0764656d6f2d78" + "a2" * 16 + "0000" "00" "00000003" "0001" "01"
+                         "01" "00" "02" "0000" "00")  # CreateTopics v7: one topic, a tagged field
+    decoded: list[object] = []
+
+    def client() -> None:
+        decoded.append(CreateTopicsResponse[7].decode(body).topics[0].num_partitions)
+
+    for _ in range(2):
+        t = threading.Thread(target=client)
+        t.start()
+        t.join()
+        messages.decode_response(ApiKey.CREATE_TOPICS, 7, body)  # the proxy's own, counted
+    client()
+    assert decoded == [3, 3, 3]
