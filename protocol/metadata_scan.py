@@ -32,7 +32,6 @@ _INT16 = Struct(">h")
 _INT32 = Struct(">i")
 _PARTITION_WITH_EPOCH = Struct(">hiii")  # error code, index, leader id, leader epoch (v7+)
 _PARTITION = Struct(">hii")  # before v7: no leader epoch
-_NO_ID = bytes(16)
 _SHORT = (HeaderError, struct_error, IndexError, UnicodeDecodeError)
 
 Advertise = Callable[[int, str, int], tuple[str, int]]
@@ -409,8 +408,3 @@ def walk_all(body: Buffer, version: int) -> tuple[MetadataHead, list[MetadataTop
         topics += walk.step(1 << 30)
     return head, topics
 
-
-def topic_id_bytes(topic_id: object) -> bytes | None:
-    """The 16 bytes of a uuid.UUID (None for None or the zero id)."""
-    raw = getattr(topic_id, "bytes", None)
-    return None if raw is None or raw == _NO_ID else raw
