@@ -289,12 +289,14 @@ class QuotaChange:
 @dataclass(frozen=True)
 class AlterResult:
     """``results[i]`` answers request entry ``i``; ``changes`` is empty when validating only.
-    ``whole_request``: the request failed as a whole (:func:`alter_error`)."""
+    ``whole_request``: the request failed as a whole (:func:`alter_error`). ``rules``:
+    ``new_quotas`` as rules, when the caller made them already (None: not made)."""
 
     new_quotas: Mapping[QuotaEntity, Mapping[str, float]]
     results: tuple[EntryResult, ...]
     changes: tuple[QuotaChange, ...]
     whole_request: bool = False
+    rules: tuple[QuotaRule, ...] | None = None
 
     def response_entries(self) -> tuple[EntryResult, ...]:
         """The response's entries. One per distinct entity, as Kafka answers

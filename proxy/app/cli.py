@@ -185,6 +185,7 @@ async def serve(config: Config, ready_file: str | None, loaded: ConfigFile | Non
     changes of that file are applied (:class:`ConfigWatcher`) and SIGHUP reloads it; the TLS
     files are read again when they change and on SIGHUP (:class:`CertificateReloader`)."""
     from proxy.app.server import ProxyServer
+    from proxy.cluster.offload import freeze_start_up_heap
 
     server = ProxyServer(config)
     stop = asyncio.Event()
@@ -208,6 +209,7 @@ async def serve(config: Config, ready_file: str | None, loaded: ConfigFile | Non
     except OSError as exc:
         log.error("cannot start: %s", exc)
         return 1
+    freeze_start_up_heap()
     if ready_file:
         write_ready_file(ready_file, server)
     await stop.wait()

@@ -144,6 +144,7 @@ class ProxyServer:
                                worker.broker_port if worker is not None else None)
         # Quotas set through AlterClientQuotas, over the file's (config.quotas): the rules in
         # force are rules_in_force (see quota_rules_over).
+        self._file_quotas: tuple[tuple[QuotaRule, ...], dict[QuotaEntity, dict[str, float]]] | None = None
         self.quota_store: QuotaStore = (OverlayStore(self._file_keys) if worker is None
                                         else SharedOverlayStore(self._file_keys, worker))
         self.topic_store: TopicStore | None = None
@@ -306,7 +307,10 @@ class ProxyServer:
 
     def _file_keys(self, entity: QuotaEntity) -> Collection[str]:
         """The keys the file's quotas set for ``entity`` (a removal of another key masks nothing)."""
-        return quotas_from_rules(self.config.quotas).get(entity, {}).keys()
+        rules = self.config.quotas
+        if self._file_quotas is None or self._file_quotas[0] is not rules:  # once per configuration, not per entity
+            self._file_quotas = (rules, quotas_from_rules(rules))
+        return self._file_quotas[1].get(entity, {}).keys()
 
     def quota_store_changed(self) -> None:
         """The quota topic changed (another instance's Alter, or read at start): its quotas
@@ -482,3 +486,4 @@ def close_limiter(limiter: RateLimiter) -> None:
         limiter.close()
     except Exception:
         log.exception("rate limiter %s failed to close", type(limiter).__qualname__)
+

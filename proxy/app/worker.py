@@ -21,6 +21,7 @@ from config import ConfigError
 from config.loader import parse_config, yaml_document
 from config.model import Config
 from proxy.app.server import ProxyServer
+from proxy.cluster.offload import freeze_start_up_heap
 from proxy.control.cert_reload import CertificateReloader, watch_certificates
 from proxy.control.quota_store import OverlayStore
 from proxy.control.worker_channel import Channel, ChannelError, Message
@@ -79,6 +80,7 @@ async def run_worker(channel_fd: int, sync_fd: int, log_level: str, log_format: 
         log.error("cannot start: %s", exc)
         await link.stop()
         return 1
+    freeze_start_up_heap()
     link.readiness = server.ready  # from now on the heartbeats say "serving"
     log.info("worker %d serving (pid %d)", worker_id, os.getpid())
     await stop.wait()

@@ -70,6 +70,11 @@ def encode(entity: QuotaEntity, values: Values) -> tuple[bytes, bytes | None]:
     return entity_key(entity), encode_value(entity, values)
 
 
+def encode_all(overlays: Mapping[QuotaEntity, Values]) -> list[tuple[bytes, bytes | None]]:
+    """The records carrying each entity's whole overlay, in ``overlays``' order."""
+    return [encode(entity, values) for entity, values in overlays.items()]
+
+
 def _entity(data: Any, what: str) -> QuotaEntity:
     if not isinstance(data, dict) or not data or not set(data) <= {USER, CLIENT_ID}:
         raise BadRecord("bad_entity", f"{what} is not an object of user and/or client-id: {data!r:.200}")

@@ -55,12 +55,13 @@ from collections.abc import Callable, Iterable, Sequence
 from types import MappingProxyType
 from typing import Any
 
-from kafka.protocol.consumer import FetchRequest, ListOffsetsRequest
+from kafka.protocol.consumer import FetchRequest
 from kafka.record import MemoryRecords
 
 from proxy.cluster.brokers import Cluster
 from proxy.cluster.dialer import OwnConnection
 from proxy.cluster.kafka_retry import FATAL, KAFKA_BACKOFF, RETRIABLE, UNREACHABLE, Retries
+from proxy.cluster.offload import off_loop
 from proxy.cluster.refresh import topic_metadata
 from proxy.control import quota_topic
 from proxy.control.quota_store import (
@@ -72,8 +73,8 @@ from proxy.control.quota_store import (
     merge,
     overlay_values,
 )
-from proxy.control.quota_topic_producer import PartitionProducer, Records, StoreError, broker_error
-from proxy.control.topic_admin import bootstrap_metadata, create_topic
+from proxy.control.quota_topic_producer import BIG_BATCH_RECORDS, PartitionProducer, Records, StoreError, broker_error
+from proxy.control.topic_admin import bootstrap_metadata, create_topic, end_offset
 from quotas.client_quota_admin import QuotaChange, QuotaEntity
 from quotas.entities import QuotaRule
 
@@ -82,6 +83,9 @@ log = logging.getLogger(__name__)
 # org.apache.kafka.common.protocol.Errors
 _UNKNOWN_TOPIC_OR_PARTITION = 3
 _FETCH_WAIT_MS = 500  # a change made through another instance is in force within a second
+# Records read back are applied this many at a time between turns of the event loop (a record
+# is decoded from JSON and compared: about 10 µs).
+APPLY_SLICE_RECORDS = 500
 _TOPIC_CHECK_S = 5.0  # how often the follower asks whether its topic still exists
 WRITE_DEADLINE_S = 25.0  # within the 30 s an admin client waits (request.timeout.ms)
 _FAILURES = (OSError, TimeoutError, asyncio.IncompleteReadError, ConnectionError, ValueError)
@@ -161,7 +165,8 @@ class TopicStore:
         async with self._writes:
             followed, generation = self._followed, self._generation
             new = {entity: self._after(entity, mine) for entity, mine in by_entity(changes).items()}
-            records = [quota_topic.encode(entity, values) for entity, values in new.items()]
+            encode = quota_topic.encode_all  # ``new`` is this call's own: the decode thread may read it
+            records = encode(new) if len(new) <= BIG_BATCH_RECORDS else await off_loop(encode, new)
             if self._restoring is not None:
                 raise StoreUnavailable(self._being_recreated())
             try:
@@ -242,7 +247,7 @@ class TopicStore:
                 generation = self._generation
                 async with await self._cluster.dialer.open(leader, self._timeout_s) as conn:
                     async with asyncio.timeout(self._timeout_s):
-                        self.high_watermark = await self._end_offset(conn)
+                        self.high_watermark = await end_offset(conn, self.topic)
                     checked_at = time.monotonic()
                     while True:
                         if time.monotonic() - checked_at >= self.topic_check_s:
@@ -277,23 +282,6 @@ class TopicStore:
                 await asyncio.sleep(KAFKA_BACKOFF.delay_s(failures, random.random()))
                 failures += 1
 
-    async def _end_offset(self, conn: OwnConnection) -> int:
-        """The partition's end (ListOffsets, latest): what the first reads must reach."""
-        version = min(conn.api_versions.get(ListOffsetsRequest.API_KEY, (0, 0))[1], 5)
-        if version < 1:
-            raise StoreError(f"the broker offers no ListOffsets version >= 1 ({version})")
-        T = ListOffsetsRequest[version].ListOffsetsTopic
-        p = T.ListOffsetsPartition(partition_index=0, current_leader_epoch=-1, timestamp=-1)  # -1: latest
-        resp = await conn.round_trip(ListOffsetsRequest[version](replica_id=-1, isolation_level=1,
-                                                                 topics=[T(name=self.topic, partitions=[p])]))
-        for topic in resp.topics:
-            for part in topic.partitions:
-                if part.partition_index == 0:
-                    if part.error_code:
-                        raise broker_error("ListOffsets", part.error_code)
-                    return int(part.offset)
-        raise StoreError("ListOffsets answered nothing for partition 0")
-
     async def _fetch_once(self, conn: OwnConnection, wait_ms: int, generation: int) -> None:
         version = min(conn.api_versions.get(FetchRequest.API_KEY, (0, 0))[1], 12)  # v13+: topic ids
         if version < 4:
@@ -317,18 +305,20 @@ class TopicStore:
         if part.error_code:
             raise broker_error("Fetch", part.error_code)
         self.high_watermark = max(self.high_watermark, part.high_watermark)
-        self._apply_records(bytes(part.records or b""))
+        await self._apply_records(bytes(part.records or b""))
 
-    def _apply_records(self, data: bytes) -> None:
+    async def _apply_records(self, data: bytes) -> None:
         changed = False
         records = MemoryRecords(data)
         while (batch := records.next_batch()) is not None:
-            for record in batch:
+            for n, record in enumerate(batch, 1):
                 if record.offset < self.next_offset:
                     continue  # a batch starts before the offset asked for
                 changed |= self._apply_record(record.offset, record.key, record.value)
                 self.next_offset = record.offset + 1
                 self.last_applied_offset = record.offset
+                if n % APPLY_SLICE_RECORDS == 0:
+                    await asyncio.sleep(0)  # a big batch (another instance's big Alter): other work goes on
             # A batch of aborted or compacted-away records still moves the offset on.
             self.next_offset = max(self.next_offset, getattr(batch, "next_offset", self.next_offset))
         if changed:

@@ -1,5 +1,6 @@
 """What the proxy's own topics (the quota store's, the fleet's) ask of the cluster, on the proxy's
-own connections: a topic's metadata from a bootstrap server, and the topic made.
+own connections: a topic's metadata from a bootstrap server, the topic made, and the end of its
+partition 0.
 
 Guarantees: ``bootstrap_metadata`` tries each bootstrap server once, in order, and raises the
 last failure when none answers; ``create_topic`` returns 0 or TOPIC_ALREADY_EXISTS (another
@@ -13,11 +14,12 @@ import logging
 from typing import Any
 
 from kafka.protocol.admin import CreateTopicsRequest
+from kafka.protocol.consumer import ListOffsetsRequest
 
 from proxy.cluster.brokers import Cluster
-from proxy.cluster.dialer import BrokerDialer
+from proxy.cluster.dialer import BrokerDialer, OwnConnection
 from proxy.cluster.refresh import fetch_topic_metadata
-from proxy.control.quota_topic_producer import broker_error
+from proxy.control.quota_topic_producer import StoreError, broker_error
 
 log = logging.getLogger(__name__)
 
@@ -54,3 +56,21 @@ async def create_topic(dialer: BrokerDialer, target: tuple[str, int], topic: str
     if code not in (0, TOPIC_ALREADY_EXISTS):
         raise broker_error("CreateTopics", code, resp.topics[0].error_message or topic)
     return code
+
+
+async def end_offset(conn: OwnConnection, topic: str) -> int:
+    """The end of ``topic``'s partition 0 (ListOffsets, latest)."""
+    version = min(conn.api_versions.get(ListOffsetsRequest.API_KEY, (0, 0))[1], 5)
+    if version < 1:
+        raise StoreError(f"the broker offers no ListOffsets version >= 1 ({version})")
+    T = ListOffsetsRequest[version].ListOffsetsTopic
+    p = T.ListOffsetsPartition(partition_index=0, current_leader_epoch=-1, timestamp=-1)  # -1: latest
+    resp = await conn.round_trip(ListOffsetsRequest[version](replica_id=-1, isolation_level=1,
+                                                             topics=[T(name=topic, partitions=[p])]))
+    for answered in resp.topics:
+        for part in answered.partitions:
+            if part.partition_index == 0:
+                if part.error_code:
+                    raise broker_error("ListOffsets", part.error_code)
+                return int(part.offset)
+    raise StoreError("ListOffsets answered nothing for partition 0")

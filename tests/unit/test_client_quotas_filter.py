@@ -21,6 +21,7 @@ from protocol.apis import SPECS
 from protocol.frames import FrameReader
 from proxy.app.server import ProxyServer
 from proxy.control.quota_store import StoreUnavailable
+from proxy.dataplane.filters import client_quotas
 from proxy.dataplane.filters.client_quotas import ALTER_CLIENT_QUOTAS, DESCRIBE_CLIENT_QUOTAS, describe_change
 from quotas.client_quota_admin import CLIENT_ID, USER, QuotaChange, QuotaEntity
 from quotas.limiters import RecordRateLimiter
@@ -361,4 +362,81 @@ def test_a_reload_while_the_store_writes_keeps_the_alter_on_top_of_the_new_file(
         [resp] = responses(pair, AlterClientQuotasResponse, 1)
         assert resp.entries[0].error_code == 0
 
+    asyncio.run(go())
+
+
+async def answered(pair: Pair, timeout_s: float = 30.0) -> None:
+    """Waits for the proxy's answer (a big request is worked in the decode thread)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not pair.client.writes:
+        assert loop.time() < deadline, "no answer"
+        await asyncio.sleep(0.005)
+
+
+def test_a_big_alter_and_describe_are_worked_off_the_loop_and_answered_as_small_ones(monkeypatch):
+    n = client_quotas.BIG_ENTRIES + 44
+    worked: list[str] = []
+    real = client_quotas.off_loop
+
+    async def counted(fn, *args):
+        worked.append(fn.__name__)
+        return await real(fn, *args)
+
+    monkeypatch.setattr(client_quotas, "off_loop", counted)
+
+    async def go():
+        pair = admin_pair()
+        users = [f"user-{i}" for i in range(n)]
+        pair.conn.data_received(alter_request(1, [([("user", u)], [("consumer_byte_rate", float(i + 1), False)])
+                                                   for i, u in enumerate(users)], 1))
+        await answered(pair)
+        [resp] = responses(pair, AlterClientQuotasResponse, 1)
+        pair.client.writes.clear()
+        assert [e.error_code for e in resp.entries] == [0] * n
+        assert [e.entity[0].entity_name for e in resp.entries] == users
+        assert pair.server.quotas.resolve(users[-1], "x", "consumer_byte_rate").quota == float(n)
+        assert worked == ["_alter_with_rules", "_alter_response"]
+        # Every entity: the file's two and the n just set, selected and encoded in the thread.
+        pair.conn.data_received(describe_request(1, [], 2))
+        await answered(pair)
+        [resp] = responses(pair, DescribeClientQuotasResponse, 1)
+        pair.client.writes.clear()
+        shown = described(resp)
+        assert len(shown) == n + 2 and shown[(("user", users[7]),)] == {"consumer_byte_rate": 8.0}
+        assert worked[2:] == ["_describe_answer"]
+        # With a component: one entity answered, but every entity held is walked: in the thread too.
+        pair.conn.data_received(describe_request(1, [("user", 0, users[7])], 3))
+        await answered(pair)
+        [resp] = responses(pair, DescribeClientQuotasResponse, 1)
+        assert described(resp) == {(("user", users[7]),): {"consumer_byte_rate": 8.0}}
+        assert worked[3:] == ["_describe_answer"]
+
+    asyncio.run(go())
+
+
+def test_rules_put_in_force_while_a_big_alter_is_validated_are_not_lost(monkeypatch):
+    real = client_quotas.off_loop
+
+    async def meanwhile(fn, *args):
+        if fn.__name__ == "_alter_with_rules":
+            # Another instance's change arrives while the decode thread validates.
+            server.quota_store.apply([QuotaChange(QuotaEntity.of({USER: "zoe"}), "request_rate", None, 9.0)])
+            server.quota_store_changed()
+        return await real(fn, *args)
+
+    monkeypatch.setattr(client_quotas, "off_loop", meanwhile)
+
+    async def go():
+        nonlocal server
+        pair = admin_pair()
+        server = pair.server
+        n = client_quotas.BIG_ENTRIES + 1
+        pair.conn.data_received(alter_request(1, [([("user", f"u{i}")], [("request_rate", 1.0, False)])
+                                                   for i in range(n)], 1))
+        await answered(pair)
+        assert server.quotas.resolve("u0", "x", "request_rate").quota == 1.0
+        assert server.quotas.resolve("zoe", "x", "request_rate").quota == 9.0  # still in force
+
+    server: ProxyServer
     asyncio.run(go())

@@ -133,3 +133,30 @@ def test_a_decode_outside_the_proxys_own_is_not_counted():
         messages.decode_response(ApiKey.CREATE_TOPICS, 7, body)  # the proxy's own, counted
     client()
     assert decoded == [3, 3, 3]
+
+
+def test_work_in_the_decode_thread_runs_with_the_cyclic_collector_off_and_leaves_it_as_it_was():
+    import gc
+
+    async def go() -> list[bool]:
+        during = await offload.off_loop(gc.isenabled)
+        after = gc.isenabled()
+        gc.disable()  # off for the whole process (an embedding application's choice): left off
+        try:
+            during_off = await offload.off_loop(gc.isenabled)
+            return [during, after, during_off, gc.isenabled()]
+        finally:
+            gc.enable()
+
+    assert gc.isenabled()
+    assert asyncio.run(go()) == [False, True, False, False]
+
+
+def test_start_up_heap_is_frozen_out_of_full_collections():
+    import subprocess
+    import sys
+
+    code = ("import gc; from proxy.cluster.offload import freeze_start_up_heap; before = gc.get_freeze_count(); "
+            "freeze_start_up_heap(); print(before, gc.get_freeze_count() > 1000)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["0", "True"]

@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
 from kafka.record import MemoryRecordsBuilder
 
 from proxy.control import quota_topic
-from proxy.control.quota_topic_store import TopicStore
+from proxy.control.quota_topic_store import APPLY_SLICE_RECORDS, TopicStore
 from quotas.client_quota_admin import CLIENT_ID, USER, QuotaEntity
 from quotas.entities import QuotaRule
 
@@ -90,11 +91,39 @@ def batch(records, offset: int = 0) -> bytes:
     return bytes(builder.buffer())
 
 
+def apply_records(store: TopicStore, data: bytes) -> None:
+    asyncio.run(store._apply_records(data))
+
+
+def test_a_big_batch_read_back_is_applied_in_slices_with_the_loop_running_between():
+    store = TopicStore("t", FakeCluster(), 1.0, lambda: None)  # type: ignore[arg-type]
+    n = 3 * APPLY_SLICE_RECORDS + 7
+    data = batch([quota_topic.encode(QuotaEntity.of({"user": f"u{i}"}), {"request_rate": float(i)}) for i in range(n)])
+    turns: list[int] = []
+
+    async def go() -> None:
+        async def other() -> None:  # another task of the loop: it runs between the slices
+            while True:
+                turns.append(store.next_offset)
+                await asyncio.sleep(0)
+
+        task = asyncio.create_task(other())
+        await asyncio.sleep(0)
+        await store._apply_records(data)
+        task.cancel()
+
+    asyncio.run(go())
+    applied_between = sorted({t for t in turns if 0 < t < n})
+    assert applied_between == [APPLY_SLICE_RECORDS, 2 * APPLY_SLICE_RECORDS, 3 * APPLY_SLICE_RECORDS]
+    assert store.next_offset == n and len(store) == n
+    assert store.overlay[QuotaEntity.of({"user": f"u{n - 1}"})] == {"request_rate": float(n - 1)}
+
+
 def test_the_store_applies_records_ignores_bad_ones_and_counts_them():
     changes = []
     store = TopicStore("t", FakeCluster(), 1.0, lambda: changes.append(1))  # type: ignore[arg-type]
     base = (QuotaRule("alice", None, {"request_rate": 100}),)
-    store._apply_records(batch([
+    apply_records(store, batch([
         quota_topic.encode(ALICE, {"producer_byte_rate": 10.0, "request_rate": None}),
         (KEY, value(v=99)),  # a later format: ignored, counted
         (b"junk", b"junk"),
@@ -104,7 +133,7 @@ def test_the_store_applies_records_ignores_bad_ones_and_counts_them():
     assert store.bad_records == {"unknown_version": 1, "not_json": 1}
     assert (store.next_offset, store.last_applied_offset, len(changes)) == (4, 3, 1)
     # A tombstone gives the entity back to the file; records below next_offset are skipped.
-    store._apply_records(batch([quota_topic.encode(DEFAULT_USER, {"request_rate": 9.0}),
+    apply_records(store, batch([quota_topic.encode(DEFAULT_USER, {"request_rate": 9.0}),
                                 quota_topic.encode(ALICE, {})], offset=3))
     assert store.merged(base) == {ALICE: {"request_rate": 100}, DEFAULT_USER: {"request_rate": 5.0}}
     assert store.next_offset == 5 and len(store) == 1
@@ -113,7 +142,7 @@ def test_the_store_applies_records_ignores_bad_ones_and_counts_them():
 def test_a_record_older_than_the_one_applied_for_its_entity_is_skipped():
     store = TopicStore("t", FakeCluster(), 1.0, lambda: None)  # type: ignore[arg-type]
     store._set(ALICE, {"request_rate": 2.0}, 7)  # this instance's write, acknowledged at offset 7
-    store._apply_records(batch([quota_topic.encode(ALICE, {"request_rate": 1.0})], offset=5))
+    apply_records(store, batch([quota_topic.encode(ALICE, {"request_rate": 1.0})], offset=5))
     assert store.overlay[ALICE] == {"request_rate": 2.0}
-    store._apply_records(batch([quota_topic.encode(ALICE, {"request_rate": 3.0})], offset=8))
+    apply_records(store, batch([quota_topic.encode(ALICE, {"request_rate": 3.0})], offset=8))
     assert store.overlay[ALICE] == {"request_rate": 3.0}
