@@ -160,3 +160,88 @@ def test_start_up_heap_is_frozen_out_of_full_collections():
             "freeze_start_up_heap(); print(before, gc.get_freeze_count() > 1000)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["0", "True"]
+
+
+def test_a_big_request_refused_whole_is_read_and_answered_in_the_decode_thread_as_on_the_loop(monkeypatch):
+    """A principal in debt sends DeleteTopics v6 of 5,000 topics (strict, KIP-599): the proxy
+    answers every topic THROTTLING_QUOTA_EXCEEDED itself. Read and answered in the decode thread,
+    the answer is the very bytes the loop makes."""
+    import proxy.dataplane.filters.controller_mutation as module
+    from protocol.headers import response_body_offset
+    from protocol.messages import decode_response
+    from quotas import QuotaRule
+    from tests.support.filter_context import unreachable_cluster
+
+    names = [f"topic-{i}" for i in range(5_000)]
+    frame = _delete_topics_frame(names)
+    header = parse_request_header(frame)
+    cache = TopicCache()
+    for n in names:
+        cache.put(n, 3)
+    worked: list[str] = []
+    real = offload.off_loop
+
+    async def counted(fn, *args):
+        worked.append(fn.__name__)
+        return await real(fn, *args)
+
+    monkeypatch.setattr(module, "off_loop", counted)
+    monkeypatch.setattr(module, "now_ms", lambda: 1_000_000)  # the same throttle both times
+
+    async def decide() -> tuple[object, SimpleNamespace]:
+        manager = QuotaManager([QuotaRule("alice", None, {"controller_mutation_rate": 1.0})])
+        manager.charge("alice", header.client_id or "", "controller_mutation_rate", 100, module.now_ms())  # in debt
+        f = ControllerMutationFilter(manager, cache, fallback_num_partitions=1, timeout_s=1.0)
+        entry = SimpleNamespace(mutations=0, notes={}, throttle_ms=0, rejected=False)
+        entry.throttle = lambda ms: None
+        decision = f.on_request(filter_context(principal="alice", cluster=unreachable_cluster()), header, frame, entry)
+        while isinstance(decision, Defer):  # decoded, then the lookup before refusing (fails here)
+            decision = await decision.decision
+        return decision, entry
+
+    off, entry = asyncio.run(decide())
+    assert worked == ["_read", "_topics", "_looked_up", "_whole_answer"]
+    monkeypatch.setattr(offload, "OFFLOAD_BYTES", 1 << 30)
+    monkeypatch.setattr(module, "BIG_TOPICS", 1 << 30)
+    worked.clear()
+    on_loop, _ = asyncio.run(decide())
+    assert worked == [] and type(off) is type(on_loop) is module.Answer
+    assert off.frame == on_loop.frame and off.throttle_ms == on_loop.throttle_ms > 0 and entry.rejected
+    resp = decode_response(ApiKey.DELETE_TOPICS, 6, memoryview(off.frame)[response_body_offset(off.frame, 20, 6):])
+    assert [r.name for r in resp.responses] == names and {r.error_code for r in resp.responses} == {89}
+
+
+def test_a_big_answer_is_learned_a_slice_at_a_time_with_the_loop_running_between():
+    from kafka.protocol.admin import DeleteTopicsResponse
+
+    names = [f"topic-{i}" for i in range(3_500)]
+    R = DeleteTopicsResponse[6]
+    body = encode_body(R(throttle_time_ms=0, responses=[
+        R.DeletableTopicResult(name=n, topic_id=uuid.UUID(int=i + 1), error_code=0, error_message=None)
+        for i, n in enumerate(names)]))
+    frame = encode_response_header(7, True) + body
+    assert offload.is_big(body)
+    cache = TopicCache()
+    for n in names:
+        cache.put(n, 3)
+    f = ControllerMutationFilter(QuotaManager(), cache, fallback_num_partitions=1, timeout_s=1.0)
+    entry = SimpleNamespace(api_key=int(ApiKey.DELETE_TOPICS), api_version=6, notes={})
+    known: list[int] = []
+
+    async def go() -> object:
+        async def other() -> None:  # another client's work: it runs between the slices
+            while True:
+                known.append(len(cache.partitions))
+                await asyncio.sleep(0)
+
+        task = asyncio.create_task(other())
+        held = f.on_response(filter_context(principal="alice"), entry, frame)
+        assert isinstance(held, Hold)
+        out = await held.frame
+        task.cancel()
+        return out
+
+    assert asyncio.run(go()) == frame
+    assert all(cache.count(n) is None for n in names)  # deleted: forgotten
+    slices = sorted({k for k in known if 0 < k < len(names)}, reverse=True)
+    assert slices == [2_500, 1_500, 500]  # 1,000 topics a slice

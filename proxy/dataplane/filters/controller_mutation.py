@@ -38,7 +38,7 @@ from protocol import errors
 from protocol.apis import SPECS, STRICT_SINCE, ApiKey
 from protocol.headers import RequestHeader, encode_response_header, response_body_offset
 from protocol.messages import decode_request, decode_response, encode_body
-from proxy.cluster.offload import decode_request_off_loop, decode_response_off_loop, is_big
+from proxy.cluster.offload import decode_response_off_loop, is_big, off_loop
 from proxy.cluster.refresh import fetch_num_partitions, fetch_topics
 from proxy.cluster.topics import TopicCache
 from proxy.dataplane.filters import mutation_checks as checks
@@ -51,6 +51,10 @@ from quotas import CONTROLLER_MUTATION_RATE, QuotaManager
 log = logging.getLogger(__name__)
 
 THROTTLED_MESSAGE = "The throttling quota has been exceeded."  # Kafka's Errors default message
+# A request of more topics is read (what the proxy knows of each topic), and answered when the
+# proxy answers it whole, in the decode thread (proxy.cluster.offload); the broker's answer is
+# learned from this many topics at a time between turns of the event loop.
+BIG_TOPICS = 1000
 _RESULTS: dict[int, str] = {ApiKey.CREATE_TOPICS: "topics", ApiKey.CREATE_PARTITIONS: "results",
                             ApiKey.DELETE_TOPICS: "responses"}
 
@@ -121,11 +125,39 @@ class ControllerMutationFilter:
 
     async def _decoded_off_loop(self, ctx: FilterContext, header: RequestHeader, frame: Frame, entry: InFlight,
                                 body: memoryview) -> Answer | Forward | Defer | None:
-        req = await decode_request_off_loop(header.api_key, header.api_version, body)
-        return self._on_decoded(ctx, header, frame, entry, req)
+        brokers = frozenset(ctx.cluster.brokers)
+        req, topics = await off_loop(self._read, header.api_key, header.api_version, body, brokers)
+        return self._on_decoded(ctx, header, frame, entry, req, topics)
+
+    def _read(self, key: int, version: int, body: memoryview, brokers: Collection[int]) -> tuple[Any, list[_Topic]]:
+        """In the decode thread: the request, and its topics as the proxy knows them now (the
+        topic cache is only read, one key at a time)."""
+        req = decode_request(key, version, body)
+        return req, ([] if getattr(req, "validate_only", False) else self._topics(key, version, req, brokers))
+
+    async def _read_topics(self, key: int, version: int, req: Any, brokers: Collection[int],
+                           looked_up: bool = False) -> list[_Topic]:
+        """:meth:`_topics` (``looked_up``: :meth:`_looked_up`); for many topics, in the decode thread."""
+        read = self._looked_up if looked_up else self._topics
+        if len(req.topic_names if key == ApiKey.DELETE_TOPICS and version < 6 else req.topics) <= BIG_TOPICS:
+            return read(key, version, req, brokers)
+        return await off_loop(read, key, version, req, frozenset(brokers))
+
+    def _looked_up(self, key: int, version: int, req: Any, brokers: Collection[int]) -> list[_Topic]:
+        """The request's topics once the broker was asked: a topic still not known does not exist."""
+        topics = self._topics(key, version, req, brokers)
+        for t in topics:
+            if t.mutations is None:
+                t.mutations = 0
+                if t.refusal is None and key != ApiKey.CREATE_TOPICS:
+                    # Not found: deleting it or adding partitions to it fails, and costs nothing.
+                    t.refusal = (checks.create_partitions_refusal(t.item, None, duplicate=False)
+                                 if key == ApiKey.CREATE_PARTITIONS
+                                 else checks.delete_topic_refusal(not t.name, False, duplicate=False))
+        return topics
 
     def _on_decoded(self, ctx: FilterContext, header: RequestHeader, frame: Frame, entry: InFlight,
-                    req: Any) -> Answer | Forward | Defer | None:
+                    req: Any, topics: list[_Topic] | None = None) -> Answer | Forward | Defer | None:
         if getattr(req, "validate_only", False):
             _NOTE.set(entry, VALIDATE_ONLY)
             return None  # KIP-599: validation is not a mutation
@@ -133,7 +165,8 @@ class ControllerMutationFilter:
         limited = self.manager.resolve(user, client_id, CONTROLLER_MUTATION_RATE) is not None
         if not limited and not self.count_all:
             return None
-        topics = self._topics(header.api_key, header.api_version, req, ctx.cluster.brokers)
+        if topics is None:
+            topics = self._topics(header.api_key, header.api_version, req, ctx.cluster.brokers)
         if any(t.mutations is None and t.refusal is None for t in topics):
             return Defer(self._after_lookup(ctx, header, frame, req, entry, limited, refresh=False))
         return self._decide(ctx, header, frame, req, entry, topics, limited, looked_up=False)
@@ -186,7 +219,7 @@ class ControllerMutationFilter:
         and the broker's ``num.partitions`` not known yet, or (``refresh``) the metadata of
         every topic of the request afresh, before any is refused."""
         key = header.api_key
-        topics = self._topics(key, header.api_version, req, ctx.cluster.brokers)
+        topics = await self._read_topics(key, header.api_version, req, ctx.cluster.brokers)
         if refresh or limited:
             # Every topic whose state the cache gave (or could not give), in one Metadata request.
             asked = [t for t in topics if t.refusal is None or t.refusal.error_code in checks.CACHE_CODES]
@@ -204,7 +237,9 @@ class ControllerMutationFilter:
                 default = await fetch_num_partitions(ctx.cluster.dialer, address, node_id, self.timeout_s)
                 self.topics.num_partitions_default = default
             if names or (ids and key == ApiKey.DELETE_TOPICS):
-                for t in await fetch_topics(ctx.cluster.dialer, address, names, ids, self.timeout_s):
+                for n, t in enumerate(await fetch_topics(ctx.cluster.dialer, address, names, ids, self.timeout_s), 1):
+                    if n % BIG_TOPICS == 0:
+                        await asyncio.sleep(0)  # the cache learns a slice at a time; other clients go on
                     if t.error_code == 0:
                         self.topics.put(t.name, len(t.partitions), getattr(t, "topic_id", None))
                     elif t.error_code == checks.UNKNOWN_TOPIC_OR_PARTITION and t.name:
@@ -214,15 +249,7 @@ class ControllerMutationFilter:
                                            "%s:%d: %s", *address, exc or type(exc).__name__)
         if self.topics.num_partitions_default is None and key == ApiKey.CREATE_TOPICS:
             self.topics.num_partitions_default = self.fallback_num_partitions
-        refreshed = self._topics(key, header.api_version, req, ctx.cluster.brokers)
-        for t in refreshed:
-            if t.mutations is None:
-                t.mutations = 0
-                if t.refusal is None and key != ApiKey.CREATE_TOPICS:
-                    # Not found: deleting it or adding partitions to it fails, and costs nothing.
-                    t.refusal = (checks.create_partitions_refusal(t.item, None, duplicate=False)
-                                 if key == ApiKey.CREATE_PARTITIONS
-                                 else checks.delete_topic_refusal(not t.name, False, duplicate=False))
+        refreshed = await self._read_topics(key, header.api_version, req, ctx.cluster.brokers, looked_up=True)
         return self._decide(ctx, header, frame, req, entry, refreshed, limited, looked_up=True)
 
     def _decide(self, ctx: FilterContext, header: RequestHeader, frame: Frame, req: Any, entry: InFlight,
@@ -244,12 +271,15 @@ class ControllerMutationFilter:
         shadow_refused: list[int] = []  # the throttles a quota in shadow mode would have refused topics with
         enforcing = enforced(self.manager.resolve(user, client_id, CONTROLLER_MUTATION_RATE)) is not None
         in_debt: dict[str | uuid.UUID | None, bool] = {}  # a duplicate shares its first entry's fate
+        debt_now: bool | None = None  # whether in debt now; read again only after a charge
         for t in topics:
             if t.refusal is not None:
                 key = t.name or t.topic_id
                 if key not in in_debt:
-                    in_debt[key] = enforcing and (self.manager.tokens(user, client_id, CONTROLLER_MUTATION_RATE,
+                    if debt_now is None:
+                        debt_now = enforcing and (self.manager.tokens(user, client_id, CONTROLLER_MUTATION_RATE,
                                                                       now) or 0.0) < 0
+                    in_debt[key] = debt_now
                 if in_debt[key]:
                     t.answer = t.refusal  # Kafka's own answer, never forwarded: see the module docstring
                 else:
@@ -260,6 +290,7 @@ class ControllerMutationFilter:
                 continue
             decision = self.manager.try_admit(user, client_id, CONTROLLER_MUTATION_RATE, t.mutations, now)
             if decision.admitted:
+                debt_now = None
                 t.charged = t.mutations
                 admitted.append(t)
             elif decision.shadow:  # forwarded uncharged; noted below, once for the request
@@ -276,12 +307,21 @@ class ControllerMutationFilter:
         entry.rejected = any(t.answer is not None and t.answer.error_code == errors.THROTTLING_QUOTA_EXCEEDED
                              for t in topics)
         if not admitted:
-            body = encode_body(self._response(header.api_key, header.api_version, topics, None, throttle))
-            flexible = SPECS[header.api_key].is_flexible(header.api_version)
-            return Answer(encode_response_header(header.correlation_id, flexible) + body, throttle_ms=throttle)
+            if len(topics) > BIG_TOPICS:
+                return Defer(self._answered_off_loop(header, topics, throttle))
+            return Answer(self._whole_answer(header, topics, throttle), throttle_ms=throttle)
         self._keep_only(header.api_key, header.api_version, req, admitted)
         return Forward(bytes(frame[: header.body_offset]) + encode_body(req), throttle_ms=throttle,
                        on_response=lambda response_frame: self._merge(entry, response_frame, topics, throttle))
+
+    def _whole_answer(self, header: RequestHeader, topics: list[_Topic], throttle: int) -> bytes:
+        """The proxy's answer to a request none of whose topics is forwarded."""
+        body = encode_body(self._response(header.api_key, header.api_version, topics, None, throttle))
+        flexible = SPECS[header.api_key].is_flexible(header.api_version)
+        return encode_response_header(header.correlation_id, flexible) + body
+
+    async def _answered_off_loop(self, header: RequestHeader, topics: list[_Topic], throttle: int) -> Answer:
+        return Answer(await off_loop(self._whole_answer, header, topics, throttle), throttle_ms=throttle)
 
     def _permissive(self, ctx: FilterContext, entry: InFlight, topics: list[_Topic], user: str, client_id: str,
                     now: int) -> Forward | None:
@@ -326,12 +366,19 @@ class ControllerMutationFilter:
 
     async def _learned_off_loop(self, entry: InFlight, frame: Frame, body: memoryview,
                                 note: _Charges | _Validation | None) -> Frame:
-        self._learn(entry, await decode_response_off_loop(entry.api_key, entry.api_version, body), note)
+        resp = await decode_response_off_loop(entry.api_key, entry.api_version, body)
+        results = getattr(resp, _RESULTS[entry.api_key])
+        for start in range(0, len(results), BIG_TOPICS):
+            if start:
+                await asyncio.sleep(0)  # the response waits (Hold); other clients do not
+            self._learn_results(entry, results[start : start + BIG_TOPICS], note)
         return frame
 
     def _learn(self, entry: InFlight, resp: Any, note: _Charges | _Validation | None) -> None:
+        self._learn_results(entry, getattr(resp, _RESULTS[entry.api_key]), note)
+
+    def _learn_results(self, entry: InFlight, results: Sequence[Any], note: _Charges | _Validation | None) -> None:
         """What the broker's answer tells: partition counts to keep or forget, charges to settle."""
-        results = getattr(resp, _RESULTS[entry.api_key])
         if entry.api_key == ApiKey.CREATE_PARTITIONS:
             for t in results:
                 if t.error_code == 0:
