@@ -12,7 +12,7 @@ With ``--tls-cert``/``--tls-key`` the listener terminates TLS (the event loop's 
 ``create_server(ssl=...)``; the context is built as proxy/tls.py's ``server_tls`` builds it:
 PROTOCOL_TLS_SERVER, TLS 1.2 at least, no client certificates) and the broker side stays
 plaintext. The protocol classes are the same either way, so the plaintext path is unchanged.
-With TLS the pump raises glibc's mmap threshold as the proxy does (``proxy.identity.tls.tune_malloc_for_tls``).
+The pump sets glibc's malloc thresholds as the proxy does (``proxy.app.heap.tune_malloc``).
 
 The ready file gets ``{"pid", "bootstrap": [host, port]}`` once the pump listens.
 """
@@ -29,7 +29,7 @@ import socket
 import ssl
 from pathlib import Path
 
-from proxy.identity.tls import tune_malloc_for_tls
+from proxy.app.heap import tune_malloc
 
 HIGH_WATER = 1 << 20  # bytes buffered towards one peer before we stop reading the other
 LOW_WATER = 1 << 18
@@ -171,8 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     tls = None
     if args.tls_cert:
         tls = server_context(args.tls_cert, args.tls_key)
-        tune_malloc_for_tls()  # as the proxy does with TLS on
     raise_nofile()
+    tune_malloc()  # as the proxy does
     coro = serve(_hostport(args.listen), _hostport(args.upstream), args.ready_file, tls)
     if not args.no_uvloop:
         try:

@@ -184,9 +184,10 @@ async def serve(config: Config, ready_file: str | None, loaded: ConfigFile | Non
     """Runs the proxy until SIGINT / SIGTERM; with ``loaded`` (the file ``config`` came from),
     changes of that file are applied (:class:`ConfigWatcher`) and SIGHUP reloads it; the TLS
     files are read again when they change and on SIGHUP (:class:`CertificateReloader`)."""
+    from proxy.app.heap import freeze_start_up_heap, tune_malloc
     from proxy.app.server import ProxyServer
-    from proxy.cluster.offload import freeze_start_up_heap
 
+    tune_malloc()
     server = ProxyServer(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

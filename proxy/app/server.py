@@ -40,7 +40,7 @@ from proxy.dataplane.filters.quotas import RateQuotaFilter, now_ms
 from proxy.dataplane.filters.sasl import SaslFilter
 from proxy.dataplane.filters.usage import UsageFilter
 from proxy.dataplane.guard import ConnectionGuard, GuardCollector
-from proxy.identity.tls import server_tls, tune_malloc_for_tls
+from proxy.identity.tls import server_tls
 from proxy.observability.http import MetricsEndpoint
 from proxy.observability.quota_metrics import ProducerIdCollector, QuotaCollector
 from proxy.observability.readiness import Readiness
@@ -190,8 +190,6 @@ class ProxyServer:
         self.connections: set[Served] = set()
         # TLS termination on the client listeners (None: plaintext); ConfigError for a bad file.
         self.tls = server_tls(config.listen.tls) if config.listen.tls is not None else None
-        if config.listen.tls is not None or config.upstream.tls is not None:
-            tune_malloc_for_tls()
         self.guard = ConnectionGuard(config.connections, config.quota_windows, host=worker)
         up = config.upstream
         self._readiness = Readiness(self.stats, self.cluster, 2 * up.metadata_refresh_interval_s + up.connect_timeout_s)

@@ -20,8 +20,8 @@ from dataclasses import replace
 from config import ConfigError
 from config.loader import parse_config, yaml_document
 from config.model import Config
+from proxy.app.heap import freeze_start_up_heap, tune_malloc
 from proxy.app.server import ProxyServer
-from proxy.cluster.offload import freeze_start_up_heap
 from proxy.control.cert_reload import CertificateReloader, watch_certificates
 from proxy.control.quota_store import OverlayStore
 from proxy.control.worker_channel import Channel, ChannelError, Message
@@ -59,6 +59,7 @@ async def run_worker(channel_fd: int, sync_fd: int, log_level: str, log_format: 
         log.error("invalid configuration: %s", exc)
         return 2
     link = WorkerLink(worker_id, channel, sync, config.workers.sync_interval_ms, now_ms)
+    tune_malloc()
     server = ProxyServer(config, worker=link)
     stop = asyncio.Event()
     link.on_lost = stop.set

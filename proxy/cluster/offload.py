@@ -11,9 +11,6 @@ of the cyclic garbage collector over what it decodes (off while it decodes).
 
 What stays on the loop is the filter's own work on the decoded message (a few µs a topic) and
 what only the loop may touch (quota engines, caches, listeners).
-
-The same holds for what start-up made: once a proxy process serves, its heap is frozen out of
-the collector's full passes (:func:`freeze_start_up_heap`).
 """
 
 from __future__ import annotations
@@ -81,12 +78,3 @@ async def decode_response_off_loop(api_key: int, api_version: int, body: Buffer)
 async def encode_off_loop(message: ApiMessage) -> bytes:
     return await off_loop(encode_body, message)
 
-
-def freeze_start_up_heap() -> None:
-    """Called once a proxy process serves: what start-up made and keeps (modules, the protocol
-    classes, the configuration) is left out of the cyclic collector's full passes, each of which
-    would otherwise scan it all, holding the event loop (about 10-15 ms a pass on its own).
-    Garbage is collected first, so none of it is kept for ever; objects made later are collected
-    as before."""
-    gc.collect()
-    gc.freeze()

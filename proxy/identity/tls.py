@@ -15,7 +15,6 @@ Guarantees:
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import os
 import ssl
 from dataclasses import dataclass
@@ -101,25 +100,6 @@ def _load_ca(ctx: ssl.SSLContext, ca: str, path: str) -> None:
 
 def _key_password(cfg: ListenTlsConfig | UpstreamTlsConfig, path: str) -> str | None:
     return read_secret(path, "key_password_file", cfg.key_password_file, "key_password_env", cfg.key_password_env)
-
-
-# mallopt(3) parameters (glibc).
-_M_TRIM_THRESHOLD = -1
-_M_MMAP_THRESHOLD = -3
-
-
-def tune_malloc_for_tls() -> None:
-    """The event loop's TLS layer reads into a 256 KiB bytes object and shrinks it to what came.
-    glibc serves a block that large with mmap until a freed mmapped block has raised its mmap
-    threshold (128 KiB at start), and a block shrunk in place never does: every TLS read would
-    cost an mmap, an mremap and a munmap (15-25 us per round trip, measured with make bench).
-    Sets the thresholds glibc itself would set after freeing a 1 MiB block; elsewhere a no-op."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(_M_MMAP_THRESHOLD, 1 << 20)
-        libc.mallopt(_M_TRIM_THRESHOLD, 2 << 20)
-    except (OSError, AttributeError):
-        pass
 
 
 def handshake_failure_reason(exc: BaseException) -> str:
