@@ -3,7 +3,8 @@
 #                lint (ruff), type-check (mypy), run every test
 #   make demo    install what the demo uses only (the package with its demo and pipeline extras, Java 17
 #                via apt-get when run as root), start a local broker (Tansu) with the proxy in front and use it
-#   make bench   install everything (and HAProxy via apt-get when run as root), run the benchmarks (bench/README.md)
+#   make bench   install everything (and HAProxy via apt-get when run as root), run the benchmarks (bench/README.md):
+#                bench.run (BENCH_ARGS), then bench.cpu_per_mb (CPU_BENCH_ARGS)
 #   make test-stress  install everything, then the whole suite STRESS_RUNS times (default 3) with every
 #                core kept busy by CPU hogs (tests/under_load.py): what a loaded CI machine sees
 # Each install step prints one line; pip's and apt-get's own output goes to .venv/install.log, whose
@@ -98,6 +99,7 @@ demo: demo-install
 
 bench: install haproxy
 	$(VPY) -m bench.run $(BENCH_ARGS)
+	$(VPY) -m bench.cpu_per_mb $(CPU_BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis .mypy_cache .ruff_cache
