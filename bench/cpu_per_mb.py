@@ -15,7 +15,8 @@ Configurations: ``haproxy`` (Debian's HAProxy, one thread, TCP mode: the C relay
 already run, as bench.run starts it), ``byte-pump`` (bench.byte_pump: the ceiling for a Python
 proxy), ``kafka-quota-proxy`` (no quotas) and ``proxy-with-quotas`` (a quota of every kind on
 every client, never reached: bench.run's QUOTAS_NOT_EXCEEDED), and with ``--baseline DIR`` the
-proxy of another work tree as ``proxy-baseline``.
+proxy of another work tree, without and with those quotas (``proxy-baseline``,
+``proxy-baseline-with-quotas``).
 
 Reported for each run: the intermediary's CPU time (all its threads, from the scheduler's
 nanosecond counters) per MB of record values, and its minor page faults per MB; per round and
@@ -39,6 +40,7 @@ RESULTS = Path(__file__).resolve().parent / "results" / "cpu_per_mb.json"
 HAPROXY = "haproxy"
 CONFIGS = (HAPROXY, "byte-pump", "kafka-quota-proxy", "proxy-with-quotas")
 BASELINE = "proxy-baseline"
+BASELINE_QUOTAS = "proxy-baseline-with-quotas"
 
 
 def log(msg: str) -> None:
@@ -63,6 +65,8 @@ def start(launcher: Launcher, name: str, baseline: Path | None) -> tuple[Proc, P
         return broker, launcher.our_proxy(broker.address, name=name, extra_yaml=QUOTAS_NOT_EXCEEDED)
     if name == BASELINE and baseline is not None:
         return broker, launcher.our_proxy(broker.address, name=name, checkout=baseline)
+    if name == BASELINE_QUOTAS and baseline is not None:
+        return broker, launcher.our_proxy(broker.address, name=name, checkout=baseline, extra_yaml=QUOTAS_NOT_EXCEEDED)
     raise ValueError(name)
 
 
@@ -124,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     names = [n for n in args.configs.split(",") if n]
     if args.baseline is not None:
-        names.append(BASELINE)
+        names += [BASELINE, BASELINE_QUOTAS]
     if HAPROXY in names and haproxy_binary() is None:
         log("haproxy is not installed (apt-get install haproxy): left out")
         names.remove(HAPROXY)
