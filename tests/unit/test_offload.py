@@ -200,7 +200,7 @@ def test_a_big_request_refused_whole_is_read_and_answered_in_the_decode_thread_a
         return decision, entry
 
     off, entry = asyncio.run(decide())
-    assert worked == ["_read", "_topics", "_looked_up", "_whole_answer"]
+    assert worked == ["_read", "_topics", "_looked_up", "whole_answer"]
     monkeypatch.setattr(offload, "OFFLOAD_BYTES", 1 << 30)
     monkeypatch.setattr(module, "BIG_TOPICS", 1 << 30)
     worked.clear()
@@ -272,3 +272,62 @@ def test_big_blocks_come_from_the_heap_once_tuned_not_faulted_in_from_the_kernel
 
     pages = 3 * (5 << 20) // 4096  # what the first round faults in, once
     assert faults("tuned") < 2 * pages < 4 * pages < faults("default")  # default: 8-14 times, as measured
+
+
+def test_a_big_strict_decision_is_made_a_slice_at_a_time_and_forwards_what_the_loop_would(monkeypatch):
+    """DeleteTopics v6 of 2,500 topics of one partition from a principal whose
+    controller_mutation_rate lets about 1,100 through (KIP-599, strict): the first are charged
+    and forwarded, the rest refused THROTTLING_QUOTA_EXCEEDED. Decided 1,000 topics at a time
+    (another task of the loop sees the tokens fall in between) and the request re-encoded without
+    the refused topics in the decode thread: the very frame the loop's own path forwards."""
+    import proxy.dataplane.filters.controller_mutation as module
+    from quotas import QuotaRule
+    from tests.support.filter_context import unreachable_cluster
+
+    names = [f"topic-{i}" for i in range(2_500)]
+    frame = _delete_topics_frame(names)
+    header = parse_request_header(frame)
+    cache = TopicCache()
+    for n in names:
+        cache.put(n, 1)
+    monkeypatch.setattr(module, "now_ms", lambda: 1_000_000)
+    worked: list[str] = []
+    real = offload.off_loop
+
+    async def counted(fn, *args):
+        worked.append(fn.__name__)
+        return await real(fn, *args)
+
+    monkeypatch.setattr(module, "off_loop", counted)
+
+    async def decide() -> tuple[object, SimpleNamespace, set[float]]:
+        manager = QuotaManager([QuotaRule("alice", None, {"controller_mutation_rate": 100.0})])
+        client_id = header.client_id or ""
+        f = ControllerMutationFilter(manager, cache, fallback_num_partitions=1, timeout_s=1.0)
+        entry = SimpleNamespace(mutations=0, notes={}, throttle_ms=0, rejected=False)
+        entry.throttle = lambda ms: None
+        seen: set[float] = set()
+
+        async def other() -> None:  # another client's turn of the loop: what the tokens are now
+            while True:
+                seen.add(manager.tokens("alice", client_id, "controller_mutation_rate", 1_000_000) or 0.0)
+                await asyncio.sleep(0)
+
+        task = asyncio.create_task(other())
+        decision = f.on_request(filter_context(principal="alice", cluster=unreachable_cluster()), header, frame, entry)
+        while isinstance(decision, Defer):
+            decision = await decision.decision
+        task.cancel()
+        return decision, entry, seen
+
+    sliced, entry, seen = asyncio.run(decide())
+    assert "encode_body" in worked
+    assert any(0 < tokens < 1_000 for tokens in seen)  # seen after 1,000 topics were charged, before the rest
+    monkeypatch.setattr(offload, "OFFLOAD_BYTES", 1 << 30)
+    monkeypatch.setattr(module, "BIG_TOPICS", 1 << 30)
+    on_loop, on_loop_entry, _ = asyncio.run(decide())
+    assert type(sliced) is type(on_loop) is module.Forward
+    assert sliced.frame == on_loop.frame and sliced.throttle_ms == on_loop.throttle_ms > 0
+    assert entry.mutations == on_loop_entry.mutations and entry.rejected and on_loop_entry.rejected
+    forwarded = [t.name for t in DeleteTopicsRequest[6].decode(memoryview(sliced.frame)[header.body_offset:]).topics]
+    assert 1_000 < len(forwarded) < 1_200 and forwarded == names[: len(forwarded)]

@@ -30,17 +30,18 @@ import asyncio
 import enum
 import logging
 import uuid
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from protocol import errors
-from protocol.apis import SPECS, STRICT_SINCE, ApiKey
-from protocol.headers import RequestHeader, encode_response_header, response_body_offset
+from protocol.apis import STRICT_SINCE, ApiKey
+from protocol.headers import RequestHeader, response_body_offset
 from protocol.messages import decode_request, decode_response, encode_body
 from proxy.cluster.offload import decode_response_off_loop, is_big, off_loop
 from proxy.cluster.refresh import fetch_num_partitions, fetch_topics
 from proxy.cluster.topics import TopicCache
+from proxy.dataplane.filters import mutation_answers as answers
 from proxy.dataplane.filters import mutation_checks as checks
 from proxy.dataplane.filters.api import Answer, Defer, FilterContext, FilterSpec, Forward, Frame, Hold
 from proxy.dataplane.filters.quotas import now_ms
@@ -50,13 +51,10 @@ from quotas import CONTROLLER_MUTATION_RATE, QuotaManager
 
 log = logging.getLogger(__name__)
 
-THROTTLED_MESSAGE = "The throttling quota has been exceeded."  # Kafka's Errors default message
 # A request of more topics is read (what the proxy knows of each topic), and answered when the
 # proxy answers it whole, in the decode thread (proxy.cluster.offload); the broker's answer is
 # learned from this many topics at a time between turns of the event loop.
 BIG_TOPICS = 1000
-_RESULTS: dict[int, str] = {ApiKey.CREATE_TOPICS: "topics", ApiKey.CREATE_PARTITIONS: "results",
-                            ApiKey.DELETE_TOPICS: "responses"}
 
 
 @dataclass
@@ -89,6 +87,16 @@ class _Charges:
                 self.by_name.setdefault(t.name, t)
             if t.topic_id is not None:
                 self.by_id.setdefault(t.topic_id, t)
+
+
+@dataclass
+class _Strike:
+    """What a strict decision made of a request's topics so far (:meth:`ControllerMutationFilter._strict`)."""
+
+    enforcing: bool
+    admitted: list[_Topic] = field(default_factory=list)
+    throttle: int = 0
+    shadow_refused: list[int] = field(default_factory=list)  # the throttles a quota in shadow mode would have refused
 
 
 class _Validation(enum.Enum):
@@ -266,62 +274,82 @@ class ControllerMutationFilter:
             return Defer(self._after_lookup(ctx, header, frame, req, entry, limited, refresh=True))
         if not strict:
             return self._permissive(ctx, entry, topics, user, client_id, now)
-        admitted: list[_Topic] = []
-        throttle = 0
-        shadow_refused: list[int] = []  # the throttles a quota in shadow mode would have refused topics with
-        enforcing = enforced(self.manager.resolve(user, client_id, CONTROLLER_MUTATION_RATE)) is not None
+        strike = _Strike(enforced(self.manager.resolve(user, client_id, CONTROLLER_MUTATION_RATE)) is not None)
+        if len(topics) > BIG_TOPICS:
+            return Defer(self._strict_in_slices(ctx, header, frame, req, entry, topics, strike, now))
+        for _ in self._strict(user, client_id, topics, strike, now):
+            pass
+        return self._outcome(ctx, header, frame, req, entry, topics, strike)
+
+    async def _strict_in_slices(self, ctx: FilterContext, header: RequestHeader, frame: Frame, req: Any,
+                                entry: InFlight, topics: list[_Topic], strike: _Strike,
+                                now: int) -> Answer | Forward | Defer | None:
+        """:meth:`_strict` a slice of topics at a time: other clients go on between (another
+        request of the same principal may be charged between two slices, as Kafka's request
+        handler threads charge concurrent requests)."""
+        user, client_id = ctx.session.principal, header.client_id or ""
+        for _ in self._strict(user, client_id, topics, strike, now):
+            await asyncio.sleep(0)
+        return self._outcome(ctx, header, frame, req, entry, topics, strike)
+
+    def _strict(self, user: str, client_id: str, topics: list[_Topic], strike: _Strike, now: int) -> Iterator[None]:
+        """StrictControllerMutationQuota, topic by topic in the request's order (KIP-599): each
+        charged while tokens remain, refused THROTTLING_QUOTA_EXCEEDED once they do not; one
+        Kafka would refuse anyway is answered its refusal while in debt. Yields every
+        BIG_TOPICS topics."""
         in_debt: dict[str | uuid.UUID | None, bool] = {}  # a duplicate shares its first entry's fate
         debt_now: bool | None = None  # whether in debt now; read again only after a charge
-        for t in topics:
+        for n, t in enumerate(topics, 1):
+            if n % BIG_TOPICS == 0:
+                yield
             if t.refusal is not None:
                 key = t.name or t.topic_id
                 if key not in in_debt:
                     if debt_now is None:
-                        debt_now = enforcing and (self.manager.tokens(user, client_id, CONTROLLER_MUTATION_RATE,
-                                                                      now) or 0.0) < 0
+                        debt_now = strike.enforcing and (self.manager.tokens(user, client_id, CONTROLLER_MUTATION_RATE,
+                                                                             now) or 0.0) < 0
                     in_debt[key] = debt_now
                 if in_debt[key]:
                     t.answer = t.refusal  # Kafka's own answer, never forwarded: see the module docstring
                 else:
-                    admitted.append(t)
+                    strike.admitted.append(t)
                 continue
             if not t.mutations:
-                admitted.append(t)
+                strike.admitted.append(t)
                 continue
             decision = self.manager.try_admit(user, client_id, CONTROLLER_MUTATION_RATE, t.mutations, now)
             if decision.admitted:
                 debt_now = None
                 t.charged = t.mutations
-                admitted.append(t)
+                strike.admitted.append(t)
             elif decision.shadow:  # forwarded uncharged; noted below, once for the request
-                admitted.append(t)
-                shadow_refused.append(decision.throttle_ms)
+                strike.admitted.append(t)
+                strike.shadow_refused.append(decision.throttle_ms)
             else:
-                t.answer = checks.Refusal(errors.THROTTLING_QUOTA_EXCEEDED, THROTTLED_MESSAGE)
-                throttle = max(throttle, decision.throttle_ms)
-        if shadow_refused:
-            note_shadow(ctx, entry, CONTROLLER_MUTATION_RATE, max(shadow_refused),
-                        f"{len(shadow_refused)} of {len(topics)} topics")
+                t.answer = checks.Refusal(errors.THROTTLING_QUOTA_EXCEEDED, answers.THROTTLED_MESSAGE)
+                strike.throttle = max(strike.throttle, decision.throttle_ms)
+
+    def _outcome(self, ctx: FilterContext, header: RequestHeader, frame: Frame, req: Any, entry: InFlight,
+                 topics: list[_Topic], strike: _Strike) -> Answer | Forward | Defer | None:
+        """The decision once every topic is decided: forwarded as it is, answered whole by the
+        proxy, or forwarded without the topics it refused (their answers merged into the broker's)."""
+        admitted, throttle = strike.admitted, strike.throttle
+        if strike.shadow_refused:
+            note_shadow(ctx, entry, CONTROLLER_MUTATION_RATE, max(strike.shadow_refused),
+                        f"{len(strike.shadow_refused)} of {len(topics)} topics")
         if len(admitted) == len(topics):
             return None  # StrictControllerMutationQuota: no rejection, no throttle
         entry.rejected = any(t.answer is not None and t.answer.error_code == errors.THROTTLING_QUOTA_EXCEEDED
                              for t in topics)
         if not admitted:
             if len(topics) > BIG_TOPICS:
-                return Defer(self._answered_off_loop(header, topics, throttle))
-            return Answer(self._whole_answer(header, topics, throttle), throttle_ms=throttle)
+                return Defer(_off_loop_answer(header, topics, throttle))
+            return Answer(answers.whole_answer(header, topics, throttle), throttle_ms=throttle)
         self._keep_only(header.api_key, header.api_version, req, admitted)
+        if len(topics) > BIG_TOPICS:
+            return Defer(_off_loop_forward(header, frame, req, entry, topics, throttle))
         return Forward(bytes(frame[: header.body_offset]) + encode_body(req), throttle_ms=throttle,
-                       on_response=lambda response_frame: self._merge(entry, response_frame, topics, throttle))
-
-    def _whole_answer(self, header: RequestHeader, topics: list[_Topic], throttle: int) -> bytes:
-        """The proxy's answer to a request none of whose topics is forwarded."""
-        body = encode_body(self._response(header.api_key, header.api_version, topics, None, throttle))
-        flexible = SPECS[header.api_key].is_flexible(header.api_version)
-        return encode_response_header(header.correlation_id, flexible) + body
-
-    async def _answered_off_loop(self, header: RequestHeader, topics: list[_Topic], throttle: int) -> Answer:
-        return Answer(await off_loop(self._whole_answer, header, topics, throttle), throttle_ms=throttle)
+                       on_response=lambda response: answers.merged(entry, response, topics, throttle))
 
     def _permissive(self, ctx: FilterContext, entry: InFlight, topics: list[_Topic], user: str, client_id: str,
                     now: int) -> Forward | None:
@@ -367,7 +395,7 @@ class ControllerMutationFilter:
     async def _learned_off_loop(self, entry: InFlight, frame: Frame, body: memoryview,
                                 note: _Charges | _Validation | None) -> Frame:
         resp = await decode_response_off_loop(entry.api_key, entry.api_version, body)
-        results = getattr(resp, _RESULTS[entry.api_key])
+        results = getattr(resp, answers.RESULTS[entry.api_key])
         for start in range(0, len(results), BIG_TOPICS):
             if start:
                 await asyncio.sleep(0)  # the response waits (Hold); other clients do not
@@ -375,7 +403,7 @@ class ControllerMutationFilter:
         return frame
 
     def _learn(self, entry: InFlight, resp: Any, note: _Charges | _Validation | None) -> None:
-        self._learn_results(entry, getattr(resp, _RESULTS[entry.api_key]), note)
+        self._learn_results(entry, getattr(resp, answers.RESULTS[entry.api_key]), note)
 
     def _learn_results(self, entry: InFlight, results: Sequence[Any], note: _Charges | _Validation | None) -> None:
         """What the broker's answer tells: partition counts to keep or forget, charges to settle."""
@@ -431,53 +459,14 @@ class ControllerMutationFilter:
         else:
             req.topics = items
 
-    def _merge(self, entry: InFlight, frame: Frame, topics: list[_Topic], throttle: int) -> bytes:
-        offset = response_body_offset(frame, entry.api_key, entry.api_version)
-        resp = decode_response(entry.api_key, entry.api_version, memoryview(frame)[offset:])
-        merged = self._response(entry.api_key, entry.api_version, topics, resp, throttle)
-        return bytes(frame[:offset]) + encode_body(merged)
 
-    def _response(self, key: int, version: int, topics: list[_Topic], upstream: Any, throttle: int) -> Any:
-        """The response in the request's topic order: the broker's result for forwarded topics,
-        the proxy's answer (THROTTLING_QUOTA_EXCEEDED, or Kafka's refusal) for the others."""
-        cls = SPECS[key].response[version]
-        results_attr = _RESULTS[key]
-        by_name: dict[str, Any] = {}
-        by_id: dict[uuid.UUID, Any] = {}
-        for r in getattr(upstream, results_attr, None) or ():
-            if r.name:
-                by_name[r.name] = r
-            if getattr(r, "topic_id", None) is not None:
-                by_id[r.topic_id] = r
-        results: list[Any] = []
-        seen: set[str | uuid.UUID | None] = set()
-        for t in topics:
-            if (t.name or t.topic_id) in seen:
-                continue  # ControllerApis answers a duplicate once (INVALID_REQUEST)
-            seen.add(t.name or t.topic_id)
-            found = None
-            if t.answer is None:
-                found = by_name.get(t.name) if t.name else None
-                if found is None and t.topic_id is not None:
-                    found = by_id.get(t.topic_id)
-            results.append(found if found is not None else self._answered(key, version, t))
-        broker_throttle = upstream.throttle_time_ms if upstream is not None else 0
-        resp = cls(throttle_time_ms=max(broker_throttle, throttle))
-        setattr(resp, results_attr, results)
-        return resp
+async def _off_loop_answer(header: RequestHeader, topics: list[_Topic], throttle: int) -> Answer:
+    return Answer(await off_loop(answers.whole_answer, header, topics, throttle), throttle_ms=throttle)
 
-    @staticmethod
-    def _answered(key: int, version: int, t: _Topic) -> Any:
-        code, message = t.answer or (errors.THROTTLING_QUOTA_EXCEEDED, THROTTLED_MESSAGE)
-        cls = SPECS[key].response[version]
-        if key == ApiKey.CREATE_TOPICS:
-            return cls.CreatableTopicResult(
-                name=t.name, error_code=code, error_message=message,
-                num_partitions=-1, replication_factor=-1, configs=None,
-            )
-        if key == ApiKey.CREATE_PARTITIONS:
-            return cls.CreatePartitionsTopicResult(name=t.name, error_code=code, error_message=message)
-        result = cls.DeletableTopicResult(name=t.name, error_code=code, error_message=message)
-        if t.topic_id is not None:
-            result.topic_id = t.topic_id
-        return result
+
+async def _off_loop_forward(header: RequestHeader, frame: Frame, req: Any, entry: InFlight, topics: list[_Topic],
+                            throttle: int) -> Forward:
+    """The request without the topics refused, encoded in the decode thread."""
+    body = await off_loop(encode_body, req)
+    return Forward(bytes(frame[: header.body_offset]) + body, throttle_ms=throttle,
+                   on_response=lambda response: answers.merged(entry, response, topics, throttle))
