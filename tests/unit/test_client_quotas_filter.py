@@ -25,6 +25,7 @@ from proxy.dataplane.filters import client_quotas
 from proxy.dataplane.filters.client_quotas import ALTER_CLIENT_QUOTAS, DESCRIBE_CLIENT_QUOTAS, describe_change
 from quotas.client_quota_admin import CLIENT_ID, USER, QuotaChange, QuotaEntity
 from quotas.limiters import RecordRateLimiter
+from tests.support.off_loop import record_off_loop
 
 from .test_connection_paths import BASE, Pair, api_versions, request
 
@@ -376,14 +377,7 @@ async def answered(pair: Pair, timeout_s: float = 30.0) -> None:
 
 def test_a_big_alter_and_describe_are_worked_off_the_loop_and_answered_as_small_ones(monkeypatch):
     n = client_quotas.BIG_ENTRIES + 44
-    worked: list[str] = []
-    real = client_quotas.off_loop
-
-    async def counted(fn, *args):
-        worked.append(fn.__name__)
-        return await real(fn, *args)
-
-    monkeypatch.setattr(client_quotas, "off_loop", counted)
+    worked = record_off_loop(monkeypatch, client_quotas)
 
     async def go():
         pair = admin_pair()

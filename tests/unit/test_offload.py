@@ -24,6 +24,7 @@ from proxy.dataplane.filters.endpoints import EndpointRewriteFilter
 from quotas import QuotaManager
 from tests.support.filter_context import filter_context
 from tests.support.kafka_messages import make
+from tests.support.off_loop import record_off_loop
 from tests.support.wire import request_bytes
 
 
@@ -178,14 +179,7 @@ def test_a_big_request_refused_whole_is_read_and_answered_in_the_decode_thread_a
     cache = TopicCache()
     for n in names:
         cache.put(n, 3)
-    worked: list[str] = []
-    real = offload.off_loop
-
-    async def counted(fn, *args):
-        worked.append(fn.__name__)
-        return await real(fn, *args)
-
-    monkeypatch.setattr(module, "off_loop", counted)
+    worked = record_off_loop(monkeypatch, module)
     monkeypatch.setattr(module, "now_ms", lambda: 1_000_000)  # the same throttle both times
 
     async def decide() -> tuple[object, SimpleNamespace]:
@@ -291,14 +285,7 @@ def test_a_big_strict_decision_is_made_a_slice_at_a_time_and_forwards_what_the_l
     for n in names:
         cache.put(n, 1)
     monkeypatch.setattr(module, "now_ms", lambda: 1_000_000)
-    worked: list[str] = []
-    real = offload.off_loop
-
-    async def counted(fn, *args):
-        worked.append(fn.__name__)
-        return await real(fn, *args)
-
-    monkeypatch.setattr(module, "off_loop", counted)
+    worked = record_off_loop(monkeypatch, module)
 
     async def decide() -> tuple[object, SimpleNamespace, set[float]]:
         manager = QuotaManager([QuotaRule("alice", None, {"controller_mutation_rate": 100.0})])

@@ -389,7 +389,8 @@ class ControllerMutationFilter:
         body = memoryview(frame)[offset:]
         if is_big(body):
             return Hold(self._learned_off_loop(entry, frame, body, note))
-        self._learn(entry, decode_response(entry.api_key, entry.api_version, body), note)
+        resp = decode_response(entry.api_key, entry.api_version, body)
+        self._learn_results(entry, getattr(resp, answers.RESULTS[entry.api_key]), note)
         return frame
 
     async def _learned_off_loop(self, entry: InFlight, frame: Frame, body: memoryview,
@@ -401,9 +402,6 @@ class ControllerMutationFilter:
                 await asyncio.sleep(0)  # the response waits (Hold); other clients do not
             self._learn_results(entry, results[start : start + BIG_TOPICS], note)
         return frame
-
-    def _learn(self, entry: InFlight, resp: Any, note: _Charges | _Validation | None) -> None:
-        self._learn_results(entry, getattr(resp, answers.RESULTS[entry.api_key]), note)
 
     def _learn_results(self, entry: InFlight, results: Sequence[Any], note: _Charges | _Validation | None) -> None:
         """What the broker's answer tells: partition counts to keep or forget, charges to settle."""
