@@ -5,11 +5,34 @@ No I/O happens here: bytes go in through :meth:`FrameReader.feed`, whole frames 
 
 from __future__ import annotations
 
+import ctypes
+from collections.abc import Callable
 from struct import Struct
 
 from .errors import ProtocolError
 
 _INT32 = Struct(">i")
+# A frame this large gets a buffer of its own once a quarter of it has arrived (FrameReader).
+CONTIGUOUS_MIN_BYTES = 64 * 1024
+# A frame that starts this near the beginning of a chunk and takes the rest of it keeps a
+# slice of the chunk (not a copy) until it is complete.
+_KEEP_SLICE_BYTES = 64
+
+
+def _uninitialized_bytearray() -> Callable[[int], bytearray]:
+    """bytearray(n) without zeroing it first (CPython's PyByteArray_FromStringAndSize(NULL, n)):
+    a frame's buffer is written whole before anything reads it, and zeroing a megabyte costs
+    a third of copying it. bytearray itself where that function cannot be reached."""
+    try:
+        make = ctypes.pythonapi.PyByteArray_FromStringAndSize
+    except (AttributeError, ValueError):
+        return bytearray
+    make.restype = ctypes.py_object
+    make.argtypes = (ctypes.c_char_p, ctypes.c_ssize_t)
+    return lambda size: make(None, size)
+
+
+_new_buffer = _uninitialized_bytearray()
 
 # The bytes-like objects the protocol readers take: frames, bodies and slices of them.
 Buffer = bytes | bytearray | memoryview
@@ -30,20 +53,24 @@ class FrameReader:
     """Splits a byte stream into frames without the 4-byte size prefix.
 
     Guarantees: a frame's size is checked against ``max_frame_bytes`` before anything is kept
-    for it; nothing is ever allocated by an announced size: a frame still arriving holds the
-    bytes that arrived (as the chunks they came in) and no more, so a peer that announces
-    100 MB and sends 1 byte costs 1 byte; a frame is returned only when complete (a frame
-    that spanned chunks is joined once, then); bytes after the last complete frame are kept
-    for the next :meth:`feed`. Frames that arrive whole inside one chunk are returned as
-    zero-copy ``memoryview`` slices of that chunk, valid until the caller drops it.
+    for it; nothing is allocated by an announced size until a quarter of the frame has
+    arrived: a frame still arriving holds the chunks it came in, so a peer that announces
+    100 MB and sends 1 byte costs 1 byte, and a frame of ``CONTIGUOUS_MIN_BYTES`` or more,
+    once a quarter of it is here, holds one buffer of its size (at most four times what
+    arrived) that the rest is copied, or read (:meth:`fill_buffer`), into; a frame is
+    returned only when complete (chunks joined once, then, or the buffer as it was filled);
+    bytes after the last complete frame are kept for the next :meth:`feed`. Frames that
+    arrive whole inside one chunk are returned as zero-copy ``memoryview`` slices of that
+    chunk, valid until the caller drops it.
     """
 
-    __slots__ = ("max_frame_bytes", "idle", "frames_started", "_parts", "_have", "_need", "_size_prefix")
+    __slots__ = ("max_frame_bytes", "idle", "frames_started", "_parts", "_buf", "_have", "_need", "_size_prefix")
 
     def __init__(self, max_frame_bytes: int) -> None:
         self.max_frame_bytes = max_frame_bytes
-        self._parts: list[bytes] | None = None  # the arrived bytes of a frame still arriving
-        self._have = 0  # how many bytes they are
+        self._parts: list[Buffer] | None = None  # the arrived chunks of a frame still arriving
+        self._buf: bytearray | None = None  # or, for a large one, one buffer of its size
+        self._have = 0  # how many bytes arrived
         self._need = 0  # bytes still missing from it
         self._size_prefix = b""  # a size prefix split across chunks
         self.idle = True  # nothing buffered: the next chunk starts with a size prefix
@@ -53,7 +80,10 @@ class FrameReader:
 
     @property
     def buffered_bytes(self) -> int:
-        """Bytes held for an incomplete frame, its size prefix included (0 between frames)."""
+        """Bytes held for an incomplete frame, its size prefix included (0 between frames): what
+        arrived, or the size of the frame's buffer once it has one."""
+        if self._buf is not None:
+            return len(self._buf) + 4
         if self._parts is not None:
             return self._have + 4
         return len(self._size_prefix)
@@ -62,9 +92,25 @@ class FrameReader:
     def missing_bytes(self) -> int:
         """Bytes still to come before the frame being read is complete (0 between frames; the
         body of a frame whose size prefix is cut counts as unknown, 1)."""
-        if self._parts is not None:
+        if self._parts is not None or self._buf is not None:
             return self._need
         return 4 - len(self._size_prefix) + 1 if self._size_prefix else 0
+
+    def fill_buffer(self) -> memoryview | None:
+        """Where the rest of the frame being read may be read straight into (exactly the bytes
+        still missing from it, no more), once it has a buffer of its own; else None. Report
+        what was read there with :meth:`filled`."""
+        buf = self._buf
+        return None if buf is None else memoryview(buf)[self._have:]
+
+    def filled(self, nbytes: int) -> memoryview | None:
+        """``nbytes`` were read into :meth:`fill_buffer`'s view: the frame, when that completed it."""
+        self._have += nbytes
+        self._need -= nbytes
+        if self._need:
+            return None
+        self.idle = True
+        return self._finish_buffer()
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[memoryview | bytes]:
         """Consumes ``data``; returns the frames it completed, in order.
@@ -84,22 +130,35 @@ class FrameReader:
             exc.frames = frames
             raise
         finally:
-            self.idle = self._parts is None and not self._size_prefix
+            self.idle = self._parts is None and self._buf is None and not self._size_prefix
         return frames
 
     def _feed(self, view: memoryview, frames: list[memoryview | bytes]) -> None:
         pos = 0
         end = len(view)
-        if self._parts is not None:
+        if self._buf is not None:
             take = min(self._need, end)
-            # A whole chunk is kept as the object it came in; a part is copied (the rest of the
-            # chunk is the next frame's, and a slice would keep all of it alive).
-            self._parts.append(view.obj if take == end and type(view.obj) is bytes else bytes(view[:take]))
+            have = self._have
+            self._buf[have : have + take] = view[:take]
+            self._have = have + take
+            self._need -= take
+            pos = take
+            if self._need:
+                return
+            frames.append(self._finish_buffer())
+        elif self._parts is not None:
+            take = min(self._need, end)
             self._need -= take
             self._have += take
             pos = take
             if self._need:
+                # A whole chunk is kept as the object it came in; a chunk that is not ours to
+                # keep is copied.
+                self._parts.append(view.obj if take == end and type(view.obj) is bytes else bytes(view[:take]))
+                self._maybe_contiguous()
                 return
+            # The frame ends in this chunk: its last part is copied once, by the join.
+            self._parts.append(view[:take])
             frames.append(b"".join(self._parts))
             self._parts = None
         if self._size_prefix:
@@ -138,12 +197,40 @@ class FrameReader:
 
     def _start_partial(self, view: memoryview, pos: int, end: int, size: int, started: bool = False) -> int:
         """Keeps the start of a frame; ``started``: it was counted when its size prefix began."""
-        self._parts = [bytes(view[pos:end])]
-        self._have = end - pos
-        self._need = size - self._have
+        have = end - pos
+        self._have = have
+        self._need = size - have
         if not started:
             self.frames_started += 1
+        if size >= CONTIGUOUS_MIN_BYTES and have * 4 >= size:
+            buf = self._buf = _new_buffer(size)  # every byte is written before the frame is returned
+            buf[:have] = view[pos:end]
+        elif pos < _KEEP_SLICE_BYTES and end == len(view) and type(view.obj) is bytes:
+            # The frame takes (nearly) all of an immutable chunk: a slice of it keeps little
+            # that is not this frame's, and saves a copy.
+            self._parts = [view[pos:end]]
+        else:
+            self._parts = [bytes(view[pos:end])]
         return end
+
+    def _maybe_contiguous(self) -> None:
+        """Gives a large frame one buffer of its size once a quarter of it has arrived: the
+        rest is copied or read into it, never joined."""
+        have = self._have
+        size = have + self._need
+        if size >= CONTIGUOUS_MIN_BYTES and have * 4 >= size and self._parts is not None:
+            buf = _new_buffer(size)  # every byte is written before the frame is returned
+            at = 0
+            for part in self._parts:
+                buf[at : at + len(part)] = part
+                at += len(part)
+            self._buf, self._parts = buf, None
+
+    def _finish_buffer(self) -> memoryview:
+        buf = self._buf
+        assert buf is not None  # called when the buffer's frame is complete
+        self._buf = None
+        return memoryview(buf)
 
 
 def frame(payload: bytes | bytearray | memoryview) -> bytes:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from struct import Struct
 from typing import cast
 
@@ -27,6 +28,7 @@ from protocol.headers import request_head
 from protocol.produce import framed_acks_not_zero
 from proxy.dataplane.closed import CLOSED
 from proxy.dataplane.environment import ConnectionEnv
+from proxy.dataplane.fill import lend_for_fill
 from proxy.dataplane.filters.api import FilterContext
 from proxy.dataplane.flow import ChannelMute, ReadGate
 from proxy.dataplane.guard import Deadlines
@@ -241,6 +243,19 @@ class ClientConnection(asyncio.Protocol):
             frames = self._reader.feed(data)
         except FrameError as exc:
             frames, bad_frame = exc.frames, exc
+        self._take(frames, bad_frame)
+        if not self.closed:
+            lend_for_fill(self.transport, self, self._reader)  # the rest of a large request
+
+    def filled(self, nbytes: int, frame: memoryview | None) -> None:
+        """``nbytes`` of a large request were read into its buffer (proxy.dataplane.fill),
+        completing it when ``frame`` is given."""
+        self._active = True
+        self.stats.bytes_client_to_upstream += nbytes
+        if frame is not None and not self.closed:
+            self._take([frame], None)  # what it holds changes only now
+
+    def _take(self, frames: Sequence[Frame], bad_frame: FrameError | None) -> None:
         if self.requests.wait():
             # A deferred request is being decided, or a throttle holds the connection: later
             # frames wait their turn.

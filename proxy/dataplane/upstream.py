@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Protocol, cast
 from protocol.apis import api_name
 from protocol.errors import ProtocolError
 from protocol.frames import FrameError, FrameReader
+from proxy.dataplane.fill import lend_for_fill
 from proxy.dataplane.filters.api import FilterContractError
 from proxy.dataplane.filters.chain import UNFILTERED
 from proxy.dataplane.inflight import Frame, InFlight
@@ -243,6 +244,17 @@ class UpstreamConnection(asyncio.Protocol):
             except Exception as exc:
                 response_failed(client, exc)
                 return
+        lend_for_fill(self.transport, self, self._reader)  # the rest of a large response
+
+    def filled(self, nbytes: int, frame: memoryview | None) -> None:
+        """``nbytes`` of a large response were read into its buffer (proxy.dataplane.fill),
+        completing it when ``frame`` is given."""
+        if frame is None or self.client.closed:
+            return
+        try:
+            self._on_frame(frame)
+        except Exception as exc:
+            response_failed(self.client, exc)
 
     def _on_frame(self, frame: Frame) -> None:
         """A response frame that no fast route took: answered as read, through the filters, or

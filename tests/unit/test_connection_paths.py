@@ -66,6 +66,24 @@ class Wire:
     def is_closing(self) -> bool:
         return self.closed
 
+    def set_protocol(self, protocol) -> None:
+        self.protocol = protocol
+
+    def deliver(self, owner, data: bytes) -> None:
+        """Hands ``data`` to whichever protocol reads this transport now, as a loop does: a
+        FrameFill lent the transport (proxy.dataplane.fill) gets what its buffer takes."""
+        pos = 0
+        while pos < len(data):
+            protocol = getattr(self, "protocol", None) or owner
+            if not isinstance(protocol, asyncio.BufferedProtocol):
+                protocol.data_received(data[pos:])
+                return
+            view = protocol.get_buffer(-1)
+            n = min(len(view), len(data) - pos)
+            view[:n] = data[pos : pos + n]
+            pos += n
+            protocol.buffer_updated(n)
+
     def close(self) -> None:
         self.closed = True
 

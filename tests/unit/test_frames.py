@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol.frames import FrameError, FrameReader, frame
+from protocol.frames import CONTIGUOUS_MIN_BYTES, FrameError, FrameReader, frame
 
 MAX = 1 << 20  # 1 MiB
 
@@ -268,3 +268,74 @@ def test_a_frame_is_started_once_whether_or_not_its_size_prefix_was_cut():
     assert reader.frames_started == 1 and reader.missing_bytes == len(data) - 50
     reader.feed(data[50:])
     assert reader.frames_started == 1 and reader.missing_bytes == 0 and reader.idle
+
+
+# -- large frames: one buffer of their size once a quarter has arrived, filled or fed ----------
+
+def _large(n: int) -> bytes:
+    return (bytes(range(256)) * (n // 256 + 1))[:n]
+
+
+large_payloads_st = st.lists(
+    st.one_of(st.binary(max_size=300),
+              st.integers(CONTIGUOUS_MIN_BYTES - 2, 3 * CONTIGUOUS_MIN_BYTES).map(_large)),
+    max_size=6)
+
+
+@settings(max_examples=150, deadline=None)
+@given(payloads=large_payloads_st, data=st.data())
+def test_large_frames_come_out_the_same_fed_or_filled(payloads, data):
+    """The rest of a large frame may be fed, or read into fill_buffer in pieces of any size (as
+    proxy.dataplane.fill does): the frames are the same; a frame with a buffer holds at most
+    four times what arrived of it, and the buffer takes exactly what is missing."""
+    stream = _stream(payloads)
+    reader = FrameReader(MAX)
+    out: list[bytes] = []
+    pos = 0
+    while pos < len(stream):
+        view = reader.fill_buffer()
+        if view is not None:
+            assert len(view) == reader.missing_bytes
+            size = reader.buffered_bytes - 4
+            assert size >= CONTIGUOUS_MIN_BYTES and size <= 4 * (size - reader.missing_bytes)
+        if view is not None and data.draw(st.booleans()):
+            n = data.draw(st.integers(1, len(view)))
+            view[:n] = stream[pos : pos + n]
+            done = reader.filled(n)
+            if done is not None:
+                out.append(bytes(done))
+        else:
+            n = data.draw(st.integers(1, 2 * CONTIGUOUS_MIN_BYTES))
+            out.extend(bytes(f) for f in reader.feed(stream[pos : pos + n]))
+        pos += n
+    assert out == payloads
+    assert reader.idle and reader.buffered_bytes == 0 and reader.fill_buffer() is None
+
+
+def test_a_large_frame_gets_its_buffer_only_once_a_quarter_arrived():
+    size = 1 << 20
+    stream = frame(_large(size))
+    reader = FrameReader(2 * size)
+    reader.feed(stream[:1004])
+    assert reader.buffered_bytes == 1004 and reader.fill_buffer() is None  # what arrived, no more
+    reader.feed(stream[1004 : 4 + size // 4 - 1])
+    assert reader.fill_buffer() is None
+    reader.feed(stream[4 + size // 4 - 1 : 4 + size // 4])
+    view = reader.fill_buffer()
+    assert view is not None and len(view) == size - size // 4
+    assert reader.buffered_bytes == size + 4
+    view[:] = stream[4 + size // 4 :]
+    assert bytes(reader.filled(len(view))) == stream[4:]
+    assert reader.idle
+
+
+def test_a_frame_begun_in_a_reused_buffer_is_not_changed_by_its_reuse():
+    """A chunk that is not immutable bytes is copied, never kept: the caller may reuse it."""
+    payload = _large(3 * CONTIGUOUS_MIN_BYTES)
+    stream = frame(payload)
+    for cut in (100, len(stream) // 2):  # kept as parts, or copied into the frame's buffer
+        reader = FrameReader(MAX)
+        chunk = bytearray(stream[:cut])
+        reader.feed(chunk)
+        chunk[:] = b"\xee" * len(chunk)
+        assert [bytes(f) for f in reader.feed(stream[cut:])] == [payload]

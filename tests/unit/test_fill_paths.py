@@ -1,0 +1,176 @@
+"""Large frames that filters must see whole are read into their buffers (proxy.dataplane.fill),
+and nothing else changes: the bytes each side gets, their order and the counts are those of
+the same frames read chunk by chunk.
+
+With a quota of every kind on every client (never reached), a Produce request and a Fetch
+response are assembled for their filters. The connection is driven in process with recording
+transports (tests.unit.test_connection_paths.Wire, whose ``deliver`` hands bytes to a FrameFill
+while one is lent the transport, as an event loop does); the broker is played by the test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import struct
+
+import pytest
+import yaml
+from kafka.protocol.consumer import FetchRequest, FetchResponse
+from kafka.protocol.producer import ProduceRequest, ProduceResponse
+from kafka.record.memory_records import MemoryRecordsBuilder
+
+from bench.run import QUOTAS_NOT_EXCEEDED
+from protocol.frames import CONTIGUOUS_MIN_BYTES
+from protocol.messages import encode_body
+from proxy.dataplane import connection, upstream
+from proxy.dataplane.fill import FrameFill
+from proxy.dataplane.requests import RequestSide
+from tests.support.kafka_messages import make
+from tests.unit.test_connection_paths import BASE, Pair, request
+
+QUOTAS = {**BASE, **yaml.safe_load(QUOTAS_NOT_EXCEEDED)}
+FETCH_VERSION = 12
+
+
+def _records(n: int, value_bytes: int, base_offset: int = 0) -> bytes:
+    builder = MemoryRecordsBuilder(magic=2, compression_type=0, batch_size=1 << 24, offset=base_offset)
+    for _ in range(n):
+        builder.append(0, None, b"v" * value_bytes)
+    builder.close()
+    return bytes(builder.buffer())
+
+
+RECORDS = _records(2_000, 150)  # one batch of about 330 KB
+
+
+def produce_request(correlation_id: int) -> bytes:
+    R = ProduceRequest[9]
+    data = R.TopicProduceData(name="t", partition_data=[R.TopicProduceData.PartitionProduceData(index=0,
+                                                                                                records=RECORDS)])
+    return request(R(acks=-1, timeout_ms=1000, transactional_id=None, topic_data=[data]), correlation_id, "app")
+
+
+def produce_response(correlation_id: int) -> bytes:
+    R = ProduceResponse
+    P = R.TopicProduceResponse.PartitionProduceResponse
+    part = make(P, 9, index=0, error_code=0, base_offset=0, log_append_time_ms=-1, log_start_offset=0,
+                record_errors=[], error_message=None)
+    body = encode_body(make(R, 9, responses=[make(R.TopicProduceResponse, 9, name="t", partition_responses=[part])],
+                            throttle_time_ms=0))
+    payload = struct.pack(">i", correlation_id) + b"\x00" + body
+    return struct.pack(">i", len(payload)) + payload
+
+
+def fetch_request(correlation_id: int) -> bytes:
+    R = FetchRequest
+    P = R.FetchTopic.FetchPartition
+    topic = make(R.FetchTopic, FETCH_VERSION, topic="t", partitions=[
+        make(P, FETCH_VERSION, partition=0, current_leader_epoch=-1, fetch_offset=0, last_fetched_epoch=-1,
+             log_start_offset=-1, partition_max_bytes=1 << 20)])
+    req = make(R, FETCH_VERSION, replica_id=-1, max_wait_ms=500, min_bytes=1, max_bytes=50 << 20,
+               isolation_level=0, session_id=0, session_epoch=-1, topics=[topic], forgotten_topics_data=[],
+               rack_id="")
+    return request(req, correlation_id, "app")
+
+
+def fetch_response(correlation_id: int) -> bytes:
+    R = FetchResponse
+    P = R.FetchableTopicResponse.PartitionData
+    part = make(P, FETCH_VERSION, partition_index=0, error_code=0, high_watermark=2_000, last_stable_offset=2_000,
+                log_start_offset=0, aborted_transactions=[], preferred_read_replica=-1, records=RECORDS)
+    topic = make(R.FetchableTopicResponse, FETCH_VERSION, topic="t", partitions=[part])
+    body = encode_body(make(R, FETCH_VERSION, throttle_time_ms=0, error_code=0, session_id=0, responses=[topic]))
+    payload = struct.pack(">i", correlation_id) + b"\x00" + body
+    return struct.pack(">i", len(payload)) + payload
+
+
+def _cuts(data: bytes, rng: random.Random) -> list[bytes]:
+    out, pos = [], 0
+    while pos < len(data):
+        n = rng.choice((7, 1000, 65536, 256_000, 300_000))
+        out.append(data[pos : pos + n])
+        pos += n
+    return out
+
+
+def exchange(lend: bool, seed: int, monkeypatch: pytest.MonkeyPatch) -> tuple[Pair, int]:
+    """Five Produce requests and five Fetches, pipelined in chunks cut at random; the broker's
+    answers likewise. Returns the pair and how many times a transport was lent to a FrameFill."""
+    if not lend:
+        monkeypatch.setattr(connection, "lend_for_fill", lambda *a: False)
+        monkeypatch.setattr(upstream, "lend_for_fill", lambda *a: False)
+    lent = 0
+
+    async def go() -> Pair:
+        nonlocal lent
+        pair = Pair(QUOTAS)
+        for wire in (pair.client, pair.broker):
+            plain = wire.set_protocol
+
+            def counting(protocol, plain=plain) -> None:
+                nonlocal lent
+                lent += isinstance(protocol, FrameFill)
+                plain(protocol)
+
+            wire.set_protocol = counting
+        rng = random.Random(seed)
+        requests = [produce_request(i) if i % 2 else fetch_request(i) for i in range(1, 11)]
+        for chunk in _cuts(b"".join(requests), rng):
+            pair.client.deliver(pair.conn, chunk)
+        answers = [produce_response(i) if i % 2 else fetch_response(i) for i in range(1, 11)]
+        for chunk in _cuts(b"".join(answers), rng):
+            pair.broker.deliver(pair.up, chunk)
+        return pair
+
+    pair = asyncio.run(go())
+    monkeypatch.undo()
+    return pair, lent
+
+
+def _outcome(pair: Pair) -> dict:
+    s = pair.server.stats
+    return {
+        "to_broker": pair.broker.bytes(),
+        "to_client": pair.client.bytes(),
+        "requests": dict(s.requests),
+        "responses": dict(s.responses),
+        "bytes": (s.bytes_client_to_upstream, s.bytes_upstream_to_client),
+        "scan_failures": dict(s.records_scan_failures),
+        "owed": len(pair.conn.queue.pending),
+        "closed": pair.client.closed,
+        "pool": pair.server.env.guard.pool.held_bytes,
+    }
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_filled_frames_give_the_same_bytes_order_and_counts(seed, monkeypatch):
+    assert len(RECORDS) > 4 * CONTIGUOUS_MIN_BYTES
+    reference, lent_before = exchange(False, seed, monkeypatch)
+    filled, lent = exchange(True, seed, monkeypatch)
+    assert lent_before == 0 and lent >= 5  # requests and responses were read into their buffers
+    expected = _outcome(reference)
+    assert expected["owed"] == 0 and not expected["closed"] and not expected["scan_failures"]
+    assert expected["to_broker"].count(RECORDS) == 5 and expected["to_client"].count(RECORDS) == 5
+    assert _outcome(filled) == expected
+
+
+def test_a_request_filled_while_a_throttle_holds_the_connection_waits_its_turn(monkeypatch):
+    """A frame completed by a fill while the connection is held is held too, then forwarded in order."""
+    async def go() -> tuple[list[bytes], list[bytes]]:
+        pair = Pair(QUOTAS)
+        first, second = produce_request(1), produce_request(2)
+        pair.client.deliver(pair.conn, first)
+        seen_after_first = pair.requests_seen_by_broker()
+        monkeypatch.setattr(RequestSide, "wait", lambda self: True)  # as while a throttle holds it
+        pair.client.deliver(pair.conn, second[:200_000])
+        assert isinstance(pair.client.protocol, FrameFill)
+        pair.client.deliver(pair.conn, second[200_000:])
+        held = len(pair.requests_seen_by_broker())
+        monkeypatch.undo()
+        pair.conn.requests.process_held()
+        return [bytes(f) for f in seen_after_first], [bytes(f) for f in pair.requests_seen_by_broker()][held:]
+
+    seen_after_first, released = asyncio.run(go())
+    assert [f[4:8] for f in seen_after_first] == [struct.pack(">i", 1)]
+    assert [f[4:8] for f in released] == [struct.pack(">i", 2)]
