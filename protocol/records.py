@@ -127,15 +127,29 @@ def scan_produce_request(frame: Buffer, body_offset: int, api_version: int) -> P
 
     Raises :class:`RecordsError` for a body or record set that does not match its schema.
     """
+    for scan in scan_produce_steps(frame, body_offset, api_version, _ALL):
+        if scan is not None:
+            return scan
+    raise AssertionError("a produce scan ends with its result")  # pragma: no cover
+
+
+def scan_produce_steps(frame: Buffer, body_offset: int, api_version: int,
+                       entries_per_step: int) -> Iterator[ProduceScan | None]:
+    """:func:`scan_produce_request` in steps: yields None after every ``entries_per_step``
+    partitions and batches (a pause only when more follow), then the scan. The same result and
+    the same errors, raised by the step that meets them; ``frame`` must not change meanwhile."""
     try:
-        return _scan_produce(frame, body_offset, api_version)
+        yield from _scan_produce(frame, body_offset, api_version, entries_per_step)
     except RecordsError:
         raise
     except (HeaderError, IndexError, StructError, ValueError) as exc:
         raise RecordsError(f"malformed ProduceRequest v{api_version}: {exc}") from exc
 
 
-def _scan_produce(buf: Buffer, pos: int, version: int) -> ProduceScan:
+_ALL = 2**62
+
+
+def _scan_produce(buf: Buffer, pos: int, version: int, step: int) -> Iterator[ProduceScan | None]:
     flexible = version >= 9
     size = len(buf)
     if version >= 3:  # transactional id
@@ -144,47 +158,48 @@ def _scan_produce(buf: Buffer, pos: int, version: int) -> ProduceScan:
     pos += 2 + 4  # acks, timeout
     topics: list[tuple[str | bytes, tuple[int, ...]]] = []
     batches = records = 0
-    pids: list[int] = []
+    # Distinct producer ids in order (a dict: a frame may hold a million batches of as many ids).
+    pids: dict[int, None] = {}
+    in_step = 0  # partitions and batches read since the last pause
     n_topics, pos = _array_len(buf, pos, flexible)
     for _ in range(n_topics):
-        if version >= 13:
-            topic: str | bytes = bytes(buf[pos : pos + 16])
-            pos += 16
-        else:
-            n, pos = _string_len(buf, pos, flexible)
-            if n < 0 or pos + n > size:
-                raise RecordsError(f"topic name of length {n} at {pos}")
-            topic = bytes(buf[pos : pos + n]).decode("utf-8", "replace")
-            pos += n
+        topic, pos = _produce_topic(buf, pos, version, flexible)
         indexes = []
         n_parts, pos = _array_len(buf, pos, flexible)
         for _ in range(n_parts):
+            if in_step >= step:  # a pause only between two partitions or batches
+                yield None
+                in_step = 0
+            in_step += 1
             indexes.append(_INT32.unpack_from(buf, pos)[0])
             pos += 4
             n, pos = _bytes_len(buf, pos, flexible)
-            if n > 0:
-                end = pos + n
-                if end > size:
-                    raise RecordsError(f"record set of {n} bytes at {pos} runs past the request")
-                while pos < end:
-                    if end - pos < V2_HEADER_BYTES or buf[pos + 16] != 2:
-                        for b in batch_headers(buf, pos, end):  # legacy or short: the slow path
-                            batches += 1
-                            records += b.record_count
-                        break
-                    length = _INT32.unpack_from(buf, pos + 8)[0]
-                    nxt = pos + LOG_OVERHEAD + length
-                    if length < V2_HEADER_BYTES - LOG_OVERHEAD or nxt > end:
-                        list(batch_headers(buf, pos, end))  # raises with the reason
-                    pid, _epoch, _seq, count = _V2_PRODUCER.unpack_from(buf, pos + 43)
-                    if count < 0:
-                        raise RecordsError(f"batch at {pos}: negative record count {count}")
-                    batches += 1
-                    records += count
-                    if pid >= 0 and pid not in pids:
-                        pids.append(pid)
-                    pos = nxt
-                pos = end
+            end = pos + n
+            if end > size:
+                raise RecordsError(f"record set of {n} bytes at {pos} runs past the request")
+            while pos < end:
+                if in_step >= step:
+                    yield None
+                    in_step = 0
+                in_step += 1
+                if end - pos < V2_HEADER_BYTES or buf[pos + 16] != 2:  # legacy or short: the slow path
+                    tally = [batches, records, in_step]
+                    yield from _legacy_batches(buf, pos, end, step, tally)
+                    batches, records, in_step = tally
+                    break
+                length = _INT32.unpack_from(buf, pos + 8)[0]
+                nxt = pos + LOG_OVERHEAD + length
+                if length < V2_HEADER_BYTES - LOG_OVERHEAD or nxt > end:
+                    list(batch_headers(buf, pos, end))  # raises with the reason
+                pid, _epoch, _seq, count = _V2_PRODUCER.unpack_from(buf, pos + 43)
+                if count < 0:
+                    raise RecordsError(f"batch at {pos}: negative record count {count}")
+                batches += 1
+                records += count
+                if pid >= 0:
+                    pids[pid] = None
+                pos = nxt
+            pos = max(pos, end)  # a null record set (n = -1) ends where it began
             if flexible:
                 pos = skip_tagged_fields(buf, pos)
         if flexible:
@@ -194,7 +209,29 @@ def _scan_produce(buf: Buffer, pos: int, version: int) -> ProduceScan:
         pos = skip_tagged_fields(buf, pos)
     if pos != size:
         raise RecordsError(f"ProduceRequest body ends at {pos}, frame has {size} bytes")
-    return ProduceScan(acks, tuple(topics), batches, records, tuple(pids))
+    yield ProduceScan(acks, tuple(topics), batches, records, tuple(pids))
+
+
+def _produce_topic(buf: Buffer, pos: int, version: int, flexible: bool) -> tuple[str | bytes, int]:
+    """A Produce topic's key (its name, or its 16-byte id from v13 on) and where it ends."""
+    if version >= 13:
+        return bytes(buf[pos : pos + 16]), pos + 16
+    n, pos = _string_len(buf, pos, flexible)
+    if n < 0 or pos + n > len(buf):
+        raise RecordsError(f"topic name of length {n} at {pos}")
+    return bytes(buf[pos : pos + n]).decode("utf-8", "replace"), pos + n
+
+
+def _legacy_batches(buf: Buffer, pos: int, end: int, step: int, tally: list[int]) -> Iterator[None]:
+    """Adds a legacy (or short) record set's batches and records to ``tally`` ([batches,
+    records, entries since the last pause]), pausing every ``step`` entries."""
+    for b in batch_headers(buf, pos, end):
+        if tally[2] >= step:
+            yield None
+            tally[2] = 0
+        tally[2] += 1
+        tally[0] += 1
+        tally[1] += b.record_count
 
 
 class FetchRecords(NamedTuple):

@@ -37,6 +37,7 @@ from proxy.dataplane.filters.limiters import RateLimiterFilter
 from proxy.dataplane.filters.plugins import build_plugins
 from proxy.dataplane.filters.producer_ids import ProducerIdQuotaFilter
 from proxy.dataplane.filters.quotas import RateQuotaFilter, now_ms
+from proxy.dataplane.filters.records import ProduceScanFilter
 from proxy.dataplane.filters.sasl import SaslFilter
 from proxy.dataplane.filters.usage import UsageFilter
 from proxy.dataplane.guard import ConnectionGuard, GuardCollector
@@ -81,6 +82,8 @@ def default_chain(
     counting = [usage] if usage is not None else []
     admin = [client_quotas] if client_quotas is not None else []
     plugins = build_plugins(config.filters)  # the operator's own (filters:); ConfigError names filters[i]
+    # A Produce's batches are read in slices before the filters that read them (a big one deferred).
+    produce_scan = ProduceScanFilter([*plugins.request, *counting, producer_ids, limiters])
     return FilterChain(
         # Client-quota requests are charged their request_rate, then answered once the principal
         # is known. The operator's filters (filters:) see a request after the proxy's bookkeeping
@@ -88,8 +91,8 @@ def default_chain(
         # broker runs its policies before its controller mutation quota). A Produce rejected for
         # its producer ids is not shown to the record limiters (the usage log sees its ids first).
         # Uplift last: every filter reads the request at the version the client used.
-        request_filters=[rates, api_versions, sasl, *admin, *plugins.request, mutations, *counting, producer_ids,
-                         limiters, UpliftFilter()],
+        request_filters=[rates, api_versions, sasl, *admin, produce_scan, *plugins.request, mutations, *counting,
+                         producer_ids, limiters, UpliftFilter()],
         # Record limiters see a Fetch response after the byte quota may have emptied it; leader
         # hints are filled in with broker addresses before the endpoint filter rewrites them. The
         # operator's filters come last: they see the response as the client will, and what the

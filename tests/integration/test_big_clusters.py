@@ -26,6 +26,8 @@ from collections.abc import Callable
 import pytest
 from kafka.protocol.admin import CreateTopicsRequest, DeleteTopicsRequest, DescribeClientQuotasRequest
 from kafka.protocol.metadata import FindCoordinatorRequest, MetadataRequest
+from kafka.protocol.producer import ProduceRequest
+from kafka.record.memory_records import MemoryRecordsBuilder
 
 from protocol.messages import decode_response
 from tests.support.polling import wait_for
@@ -175,15 +177,31 @@ def _describe_client_quotas(s: socket.socket) -> None:
     assert read_frame(s) is not None
 
 
-@pytest.mark.parametrize("case", [_find_coordinators, _delete_absent_topics, _describe_client_quotas],
-                         ids=lambda case: case.__name__.strip("_"))
+def _produce_to_many_partitions(s: socket.socket) -> None:
+    """A Produce of BIG partitions (one small batch each) of a topic the broker does not have:
+    the proxy reads every batch (the record limiters count them), 2,000 entries a slice."""
+    builder = MemoryRecordsBuilder(magic=2, compression_type=0, batch_size=1 << 16)
+    builder.append(0, None, b"v")
+    builder.close()
+    records = bytes(builder.buffer())
+    R = ProduceRequest[9]
+    parts = [R.TopicProduceData.PartitionProduceData(index=i, records=records) for i in range(BIG)]
+    s.sendall(request_bytes(R(transactional_id=None, acks=1, timeout_ms=30_000,
+                              topic_data=[R.TopicProduceData(name="absent-topic", partition_data=parts)]), 4))
+    resp = decode_response(0, 9, memoryview(read_frame(s))[5:])
+    assert sum(len(t.partition_responses) for t in resp.responses) == BIG
+
+
+@pytest.mark.parametrize("case", [_find_coordinators, _delete_absent_topics, _describe_client_quotas,
+                                  _produce_to_many_partitions], ids=lambda case: case.__name__.strip("_"))
 def test_big_frames_of_the_apis_the_proxy_reads_do_not_hold_up_another_client(tansu, proxy, case):
     """The proxy decodes these whole (kafka-python): a body over 64 KiB is decoded off the event
     loop (proxy.cluster.offload), so another client waits no longer than with a small one. The
     controller mutation quota makes the proxy read DeleteTopics (and ask the broker for the
-    topics' partition counts); quota_admin makes it answer DescribeClientQuotas itself."""
+    topics' partition counts); quota_admin makes it answer DescribeClientQuotas itself; the
+    record rate makes it read a Produce's batches, in slices (proxy.dataplane.filters.records)."""
     p = proxy([tansu.bootstrap], extra_config={
-        "quotas": [{"user": "<default>", "controller_mutation_rate": 1_000_000}],
+        "quotas": [{"user": "<default>", "controller_mutation_rate": 1_000_000, "producer_record_rate": 1e12}],
         "quota_admin": {"enabled": True},
     })
     longest = _longest_round_trip_meanwhile(p.address, case)

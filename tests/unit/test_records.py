@@ -3,6 +3,7 @@ in every ProduceRequest and FetchResponse version kafka-python has, whole and tr
 
 from __future__ import annotations
 
+import struct
 import uuid
 
 import pytest
@@ -18,6 +19,7 @@ from protocol.records import (
     batch_headers,
     count_fetch_records,
     scan_produce_request,
+    scan_produce_steps,
 )
 from tests.support.kafka_messages import make
 
@@ -196,3 +198,57 @@ def test_every_truncation_of_a_fetch_response_is_reported(version):
     for cut in range(offset, len(frame)):
         with pytest.raises(RecordsError):
             count_fetch_records(memoryview(frame)[offset:cut], version)
+
+
+def _steps(frame: bytes, version: int, step: int) -> tuple[int, object]:
+    """(how many steps yielded None, the scan or the RecordsError's message) of scan_produce_steps."""
+    pauses = 0
+    try:
+        for result in scan_produce_steps(frame, parse_request_header(frame).body_offset, version, step):
+            if result is None:
+                pauses += 1
+            else:
+                return pauses, result
+    except RecordsError as exc:
+        return pauses, str(exc)
+    raise AssertionError("no result")
+
+
+@settings(max_examples=100, deadline=None)
+@given(topics=st.lists(st.lists(st.sampled_from([None, b"", 1, 2]), min_size=0, max_size=7), max_size=4),
+       version=st.sampled_from([3, 8, 9, 13]), step=st.integers(1, 9), cut=st.integers(0, 40))
+def test_a_scan_in_steps_gives_the_one_piece_scan_and_errors(topics, version, step, cut):
+    """A pause every ``step`` partitions and batches, nothing else changes: the same scan, or
+    the same error for the same truncated frame."""
+    parts = {f"t{i}": {j: (batch(r, pid=10 + j, epoch=0, seq=0) if isinstance(r, int) else r)
+                       for j, r in enumerate(t)} for i, t in enumerate(topics)}
+    frame = produce_frame(version, parts)
+    entries = sum(len(t) for t in topics) + sum(isinstance(r, int) for t in topics for r in t)  # partitions, batches
+    for data in (frame, frame[: max(len(frame) - cut, parse_request_header(frame).body_offset)]):
+        try:
+            whole: object = scan(data, version)
+        except RecordsError as exc:
+            whole = str(exc)
+        pauses, stepped = _steps(data, version, step)
+        assert stepped == whole
+        if not isinstance(whole, str):
+            assert pauses == (entries - 1) // step if entries else pauses == 0
+
+
+def test_distinct_producer_ids_of_many_batches_are_found_in_linear_time():
+    """A frame of many batches, each of its own producer id (no quadratic membership test)."""
+    one = batch(1, pid=0, epoch=0, seq=0)
+    pid_at = 43  # the producer id's offset in a v2 batch header
+    records = b"".join(one[:pid_at] + struct.pack(">q", pid) + one[pid_at + 8:] for pid in range(20_000))
+    s = scan(produce_frame(9, {"t": {0: records}}), 9)
+    assert s.batches == 20_000 and s.producer_ids == tuple(range(20_000))
+
+
+def test_a_scan_in_steps_pauses_inside_one_partition_of_many_batches():
+    """One partition may hold as many batches as a frame can: the steps count batches too."""
+    records = b"".join(batch(1, offset=i) for i in range(50))
+    pauses, result = _steps(produce_frame(9, {"t": {0: records}}), 9, 10)
+    assert pauses == (1 + 50 - 1) // 10 and result.batches == 50
+    legacy = b"".join(batch(1, magic=1, offset=i) for i in range(50))
+    pauses, result = _steps(produce_frame(2, {"t": {0: legacy}}), 2, 10)
+    assert pauses >= 5 and result.batches == 50

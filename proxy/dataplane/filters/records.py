@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Iterator, Sequence
 
 from protocol.apis import ApiKey
 from protocol.errors import ProtocolError
 from protocol.headers import RequestHeader, response_body_offset
-from protocol.records import FetchRecords, ProduceScan, RecordsError, count_fetch_records, scan_produce_request
+from protocol.records import FetchRecords, ProduceScan, RecordsError, count_fetch_records, scan_produce_steps
 from protocol.share_scan import scan_share_fetch
-from proxy.dataplane.filters.api import FilterContext, Frame
+from proxy.dataplane.filters.api import Defer, FilterContext, FilterSpec, Frame, checked_spec
 from proxy.dataplane.inflight import InFlight
 from proxy.observability.logs import LogLimiter
 
@@ -18,7 +20,8 @@ _unreadable = LogLimiter(log)  # a client can send unreadable batches at will
 
 
 def produce_scan(ctx: FilterContext, header: RequestHeader, frame: Frame, entry: InFlight) -> ProduceScan | None:
-    """The request's :class:`ProduceScan`, cached on its in-flight entry.
+    """The request's :class:`ProduceScan`, cached on its in-flight entry (made by
+    :class:`ProduceScanFilter` when it runs first, as in the proxy's chain).
 
     None for a request whose records cannot be read: it is counted and logged, then forwarded
     as it is, uncharged; the broker answers it (CORRUPT_MESSAGE) as it would without the proxy.
@@ -26,17 +29,70 @@ def produce_scan(ctx: FilterContext, header: RequestHeader, frame: Frame, entry:
     scan = entry.produce
     if scan is not None or header.body_offset < 0:
         return scan or None
+    steps = scan_produce_steps(frame, header.body_offset, header.api_version, _ALL_ENTRIES)
+    _step(ctx, header, entry, steps)
+    return entry.produce or None
+
+
+def _step(ctx: FilterContext, header: RequestHeader, entry: InFlight, steps: Iterator[ProduceScan | None]) -> bool:
+    """Takes the next step of a Produce's scan; whether it is done (``entry.produce`` set: the
+    scan, or False for records that cannot be read, counted and logged)."""
     try:
-        scan = scan_produce_request(frame, header.body_offset, header.api_version)
+        scan = next(steps)
     except RecordsError as exc:
         ctx.stats.records_scan_failures["Produce"] += 1
         _unreadable.log(logging.WARNING, "unreadable record batches from %s (client_id=%s): %s; forwarded uncharged",
                         ctx.label, header.client_id, exc)
         entry.produce = False
-        return None
+        return True
+    if scan is None:
+        return False
     entry.produce = scan
     entry.records, entry.batches = scan.records, scan.batches
-    return scan
+    return True
+
+
+_ALL_ENTRIES = 2**62
+SCAN_SLICE_ENTRIES = 2_000  # partitions and batches: about 2.5 ms of the loop a slice
+
+
+class ProduceScanFilter:
+    """Reads a Produce's record batches for the filters after it that read them, 2,000
+    partitions and batches at a time: the first slice at once (every Produce a client normally
+    sends fits in it), the rest between turns of the event loop, the request deferred meanwhile
+    (later requests on its connection wait their turn, as behind any deferred decision). So a
+    Produce of a million partitions, or of one partition of a million batches, holds the loop
+    about as long as one of 2,000."""
+
+    def __init__(self, readers: Sequence[object]) -> None:
+        self.readers = tuple(readers)  # the filters that call produce_scan
+
+    @property
+    def spec(self) -> FilterSpec:
+        """Produce requests, while a filter that reads their batches is busy with them."""
+        return FilterSpec(request_keys=frozenset({ApiKey.PRODUCE}),
+                          idle=not any(_sees_produce(checked_spec(f)) for f in self.readers))
+
+    def on_request(self, ctx: FilterContext, header: RequestHeader, frame: Frame, entry: InFlight) -> Defer | None:
+        if entry.produce is not None or header.body_offset < 0:
+            return None
+        # The frame is the client's bytes or the proxy's own buffer of them: nothing changes it
+        # while the scan goes on.
+        steps = scan_produce_steps(frame, header.body_offset, header.api_version, SCAN_SLICE_ENTRIES)
+        if _step(ctx, header, entry, steps):
+            return None
+        return Defer(self._rest(ctx, header, entry, steps))
+
+    async def _rest(self, ctx: FilterContext, header: RequestHeader, entry: InFlight,
+                    steps: Iterator[ProduceScan | None]) -> None:
+        while True:
+            await asyncio.sleep(0)  # another turn of the loop between two slices
+            if _step(ctx, header, entry, steps):
+                return None
+
+
+def _sees_produce(spec: FilterSpec) -> bool:
+    return not spec.idle and (spec.request_keys is None or ApiKey.PRODUCE in spec.request_keys)
 
 
 def count_fetched(ctx: FilterContext, entry: InFlight, frame: Frame) -> bool:

@@ -1,0 +1,114 @@
+"""A Produce's batches are read 2,000 partitions and batches at a time (ProduceScanFilter): a big one is
+deferred and read between turns of the event loop, and nothing else changes.
+
+The connection is driven in process with recording transports, with a quota of every kind on
+every client (never reached): the record and batch limiters and the producer-id filter read
+every Produce's batches. The broker is played by the test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import yaml
+from kafka.protocol.producer import ProduceRequest
+from kafka.record.memory_records import MemoryRecordsBuilder
+
+from bench.run import QUOTAS_NOT_EXCEEDED
+from proxy.dataplane.filters.records import SCAN_SLICE_ENTRIES, ProduceScanFilter
+from tests.unit.test_connection_paths import BASE, Pair, list_offsets, request
+
+QUOTAS = {**BASE, **yaml.safe_load(QUOTAS_NOT_EXCEEDED)}
+
+
+def _batch(records: int) -> bytes:
+    builder = MemoryRecordsBuilder(magic=2, compression_type=0, batch_size=1 << 20)
+    for _ in range(records):
+        builder.append(0, None, b"v")
+    builder.close()
+    return bytes(builder.buffer())
+
+
+BATCH = _batch(3)
+
+
+def produce(correlation_id: int, partitions: int, corrupt_at: int | None = None) -> bytes:
+    R = ProduceRequest[9]
+    P = R.TopicProduceData.PartitionProduceData
+    bad = BATCH[:16] + b"\x07" + BATCH[17:]  # magic 7: unreadable
+    parts = [P(index=i, records=BATCH if i != corrupt_at else bad) for i in range(partitions)]
+    return request(R(acks=-1, timeout_ms=1000, transactional_id=None,
+                     topic_data=[R.TopicProduceData(name="t", partition_data=parts)]), correlation_id, "app")
+
+
+async def _send(pair: Pair, data: bytes) -> int:
+    """The client sends ``data``; returns how many turns of the loop passed until nothing was
+    deferred any more."""
+    turns = 0
+    pair.conn.data_received(data)
+    while pair.conn.requests.deferred is not None:
+        await asyncio.sleep(0)
+        turns += 1
+    return turns
+
+
+@pytest.mark.parametrize("partitions", [1, SCAN_SLICE_ENTRIES // 2, 5 * SCAN_SLICE_ENTRIES // 2 + 1])
+def test_a_produce_is_read_in_slices_and_forwarded_as_it_came_in_order(partitions):
+    big, after = produce(1, partitions), list_offsets(2, "app")
+
+    async def go() -> tuple[int, list[bytes], int | None, int]:
+        pair = Pair(QUOTAS)
+        turns = await _send(pair, big + after)
+        entry = pair.conn.queue.pending[0]
+        return turns, pair.requests_seen_by_broker(), entry.records, pair.server.stats.records_scan_failures["Produce"]
+
+    turns, seen, records, failures = asyncio.run(go())
+    slices = -(-2 * partitions // SCAN_SLICE_ENTRIES)  # a partition and its one batch each
+    # The first slice at once (nothing deferred), then at least a turn of the loop between two.
+    assert turns == 0 if slices == 1 else turns >= slices - 1
+    assert seen == [big[4:], after[4:]]  # the very bytes, and the request behind it only after it
+    assert records == 3 * partitions and failures == 0
+
+
+def test_unreadable_batches_late_in_a_big_produce_are_counted_and_forwarded_uncharged():
+    big = produce(1, 3 * SCAN_SLICE_ENTRIES, corrupt_at=5 * SCAN_SLICE_ENTRIES // 2 + 5)
+
+    async def go() -> tuple[list[bytes], int | None, int]:
+        pair = Pair(QUOTAS)
+        await _send(pair, big)
+        entry = pair.conn.queue.pending[0]
+        return pair.requests_seen_by_broker(), entry.records, pair.server.stats.records_scan_failures["Produce"]
+
+    seen, records, failures = asyncio.run(go())
+    assert seen == [big[4:]] and failures == 1 and records is None
+
+
+def test_other_connections_are_served_between_the_slices():
+    """While a big Produce is read, another client's request on the same proxy is answered."""
+    async def go() -> list[str]:
+        events: list[str] = []
+        server_pair = Pair(QUOTAS)
+        other = Pair(server=server_pair.server)
+        big = produce(1, 2 * SCAN_SLICE_ENTRIES)
+        server_pair.conn.data_received(big)
+        assert server_pair.conn.requests.deferred is not None
+        await asyncio.sleep(0)
+        other.conn.data_received(list_offsets(7, "other"))
+        events.append("other forwarded" if other.requests_seen_by_broker() else "other waiting")
+        while server_pair.conn.requests.deferred is not None:
+            await asyncio.sleep(0)
+        events.append("big forwarded" if server_pair.requests_seen_by_broker() else "big waiting")
+        return events
+
+    assert asyncio.run(go()) == ["other forwarded", "big forwarded"]
+
+
+def test_the_slicer_is_idle_when_no_filter_reads_produce_batches():
+    async def go() -> tuple[bool, bool]:
+        def slicer(raw: dict) -> ProduceScanFilter:
+            return next(f for f in Pair(raw).server.chain._request_filters if isinstance(f, ProduceScanFilter))
+
+        return slicer(BASE).spec.idle, slicer(QUOTAS).spec.idle
+
+    assert asyncio.run(go()) == (True, False)
