@@ -246,15 +246,25 @@ def count_fetch_records(body: Buffer, api_version: int) -> FetchRecords:
 
     A batch cut short at the end of a partition's records is not counted: the consumer drops it.
     """
+    for counted in count_fetch_steps(body, api_version, _ALL):
+        if counted is not None:
+            return counted
+    raise AssertionError("a fetch count ends with its result")  # pragma: no cover
+
+
+def count_fetch_steps(body: Buffer, api_version: int, entries_per_step: int) -> Iterator[FetchRecords | None]:
+    """:func:`count_fetch_records` in steps: yields None after every ``entries_per_step``
+    partitions and batches (a pause only when more follow), then the count. The same result
+    and the same errors, raised by the step that meets them; ``body`` must not change meanwhile."""
     try:
-        return _count_fetch(body, api_version)
+        yield from _count_fetch(body, api_version, entries_per_step)
     except RecordsError:
         raise
     except (HeaderError, IndexError, StructError, ValueError) as exc:
         raise RecordsError(f"malformed FetchResponse v{api_version}: {exc}") from exc
 
 
-def _count_fetch(buf: Buffer, version: int) -> FetchRecords:
+def _count_fetch(buf: Buffer, version: int, step: int) -> Iterator[FetchRecords | None]:
     flexible = version >= 12
     size = len(buf)
     pos = 0
@@ -263,6 +273,7 @@ def _count_fetch(buf: Buffer, version: int) -> FetchRecords:
     if version >= 7:
         pos += 2 + 4  # error code, session id
     batches = records = 0
+    in_step = 0  # partitions and batches read since the last pause
     n_topics, pos = _array_len(buf, pos, flexible)
     for _ in range(n_topics):
         if version >= 13:
@@ -271,25 +282,21 @@ def _count_fetch(buf: Buffer, version: int) -> FetchRecords:
             pos = _skip_string(buf, pos, flexible)
         n_parts, pos = _array_len(buf, pos, flexible)
         for _ in range(n_parts):
-            pos += 4 + 2 + 8  # partition index, error code, high watermark
-            if version >= 4:
-                pos += 8  # last stable offset
-            if version >= 5:
-                pos += 8  # log start offset
-            if version >= 4:
-                n_aborted, pos = _array_len(buf, pos, flexible)
-                for _ in range(n_aborted):
-                    pos += 16  # producer id, first offset
-                    if flexible:
-                        pos = skip_tagged_fields(buf, pos)
-            if version >= 11:
-                pos += 4  # preferred read replica
+            if in_step >= step:  # a pause only between two partitions or batches
+                yield None
+                in_step = 0
+            in_step += 1
+            pos = _skip_fetch_partition_head(buf, pos, version, flexible)
             n, pos = _bytes_len(buf, pos, flexible)
             if n > 0:
                 end = pos + n
                 if end > size:
                     raise RecordsError(f"record set of {n} bytes at {pos} runs past the response")
                 for b in batch_headers(buf, pos, end, partial_tail=True):
+                    if in_step >= step:
+                        yield None
+                        in_step = 0
+                    in_step += 1
                     if not b.is_control:
                         batches += 1
                         records += b.record_count
@@ -302,7 +309,25 @@ def _count_fetch(buf: Buffer, version: int) -> FetchRecords:
         pos = skip_tagged_fields(buf, pos)
     if pos != size:
         raise RecordsError(f"FetchResponse body ends at {pos}, frame has {size} bytes")
-    return FetchRecords(batches, records)
+    yield FetchRecords(batches, records)
+
+
+def _skip_fetch_partition_head(buf: Buffer, pos: int, version: int, flexible: bool) -> int:
+    """Where a FetchResponse partition's records length starts."""
+    pos += 4 + 2 + 8  # partition index, error code, high watermark
+    if version >= 4:
+        pos += 8  # last stable offset
+    if version >= 5:
+        pos += 8  # log start offset
+    if version >= 4:
+        n_aborted, pos = _array_len(buf, pos, flexible)
+        for _ in range(n_aborted):
+            pos += 16  # producer id, first offset
+            if flexible:
+                pos = skip_tagged_fields(buf, pos)
+    if version >= 11:
+        pos += 4  # preferred read replica
+    return pos
 
 
 def _array_len(buf: Buffer, pos: int, flexible: bool) -> tuple[int, int]:

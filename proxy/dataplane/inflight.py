@@ -75,6 +75,7 @@ class InFlight:
     # Fetch response, None: not counted), the partitions a controller mutation asked for, new
     # producer ids, a quota rejection.
     records: int | None = None
+    records_unreadable = False  # a Fetch response whose batches could not be counted
     batches = 0
     mutations = 0
     new_producer_ids = 0

@@ -18,6 +18,7 @@ from protocol.records import (
     RecordsError,
     batch_headers,
     count_fetch_records,
+    count_fetch_steps,
     scan_produce_request,
     scan_produce_steps,
 )
@@ -252,3 +253,29 @@ def test_a_scan_in_steps_pauses_inside_one_partition_of_many_batches():
     legacy = b"".join(batch(1, magic=1, offset=i) for i in range(50))
     pauses, result = _steps(produce_frame(2, {"t": {0: legacy}}), 2, 10)
     assert pauses >= 5 and result.batches == 50
+
+
+@pytest.mark.parametrize("version", [4, 11, 12, 16])
+@pytest.mark.parametrize("step", [1, 2, 3])
+def test_a_fetch_count_in_steps_gives_the_one_piece_count_and_errors(version, step):
+    records = batch(2, offset=0) + batch(3, offset=2) + batch(1, offset=5)
+    frame = fetch_frame(version, records)
+    body = memoryview(frame)[response_body_offset(frame, 1, version):]
+    for cut in range(0, len(body), 7):
+        data = body[: len(body) - cut]
+        try:
+            whole: object = count_fetch_records(data, version)
+        except RecordsError as exc:
+            whole = str(exc)
+        pauses, stepped = 0, None
+        try:
+            for result in count_fetch_steps(data, version, step):
+                if result is None:
+                    pauses += 1
+                else:
+                    stepped = result
+        except RecordsError as exc:
+            stepped = str(exc)
+        assert stepped == whole
+        if cut == 0:
+            assert pauses == (2 + 3 - 1) // step  # two partitions, three batches

@@ -1,23 +1,29 @@
-"""A Produce's batches are read 2,000 partitions and batches at a time (ProduceScanFilter): a big one is
-deferred and read between turns of the event loop, and nothing else changes.
+"""A Produce's batches are read, and a Fetch response's records counted, 2,000 partitions and
+batches at a time (ProduceScanFilter, FetchCountFilter): a big one is deferred (held) and read
+between turns of the event loop, and nothing else changes.
 
 The connection is driven in process with recording transports, with a quota of every kind on
 every client (never reached): the record and batch limiters and the producer-id filter read
-every Produce's batches. The broker is played by the test.
+every Produce's batches, the record limiter counts every Fetch response's records. The broker is played by the test.
 """
 
 from __future__ import annotations
 
 import asyncio
+import struct
 
 import pytest
 import yaml
+from kafka.protocol.consumer import FetchResponse
 from kafka.protocol.producer import ProduceRequest
 from kafka.record.memory_records import MemoryRecordsBuilder
 
 from bench.run import QUOTAS_NOT_EXCEEDED
-from proxy.dataplane.filters.records import SCAN_SLICE_ENTRIES, ProduceScanFilter
+from protocol.messages import encode_body
+from proxy.dataplane.filters.records import SCAN_SLICE_ENTRIES, FetchCountFilter, ProduceScanFilter
+from tests.support.kafka_messages import make
 from tests.unit.test_connection_paths import BASE, Pair, list_offsets, request
+from tests.unit.test_fill_paths import fetch_request
 
 QUOTAS = {**BASE, **yaml.safe_load(QUOTAS_NOT_EXCEEDED)}
 
@@ -112,3 +118,74 @@ def test_the_slicer_is_idle_when_no_filter_reads_produce_batches():
         return slicer(BASE).spec.idle, slicer(QUOTAS).spec.idle
 
     assert asyncio.run(go()) == (True, False)
+
+
+def fetch_response(correlation_id: int, partitions: int, corrupt_at: int | None = None) -> bytes:
+    """A FetchResponse v12 of ``partitions`` partitions of one topic, one batch of 3 records each."""
+    R = FetchResponse
+    P = R.FetchableTopicResponse.PartitionData
+    bad = BATCH[:16] + b"\x07" + BATCH[17:]  # magic 7: unreadable
+    parts = [make(P, 12, partition_index=i, error_code=0, high_watermark=3, last_stable_offset=3, log_start_offset=0,
+                  aborted_transactions=[], preferred_read_replica=-1, records=BATCH if i != corrupt_at else bad)
+             for i in range(partitions)]
+    topic = make(R.FetchableTopicResponse, 12, topic="t", partitions=parts)
+    body = encode_body(make(R, 12, throttle_time_ms=0, error_code=0, session_id=0, responses=[topic]))
+    payload = struct.pack(">i", correlation_id) + b"\x00" + body
+    return struct.pack(">i", len(payload)) + payload
+
+
+async def _answer(pair: Pair, data: bytes) -> int:
+    """The broker sends ``data``; returns how many turns of the loop passed until no response
+    was held any more."""
+    turns = 0
+    pair.up.data_received(data)
+    while pair.conn.queue._holding:
+        await asyncio.sleep(0)
+        turns += 1
+    return turns
+
+
+@pytest.mark.parametrize("partitions", [1, SCAN_SLICE_ENTRIES // 2, 5 * SCAN_SLICE_ENTRIES // 2 + 1])
+def test_a_fetch_response_is_counted_in_slices_and_answered_as_it_came_in_order(partitions):
+    response, behind = fetch_response(1, partitions), list_offsets_answer(2)
+
+    async def go() -> tuple[int, bytes, int | None]:
+        pair = Pair(QUOTAS)
+        pair.conn.data_received(fetch_request(1) + list_offsets(2, "app"))
+        entry = pair.conn.queue.pending[0]
+        turns = await _answer(pair, response + behind)
+        return turns, pair.client.bytes(), entry.records
+
+    turns, to_client, records = asyncio.run(go())
+    slices = -(-2 * partitions // SCAN_SLICE_ENTRIES)  # a partition and its one batch each
+    assert turns == 0 if slices == 1 else turns >= slices - 1
+    assert to_client == response + behind  # as the broker sent them, in order
+    assert records == 3 * partitions
+
+
+def test_unreadable_batches_late_in_a_big_fetch_response_are_counted_and_pass_uncharged():
+    response = fetch_response(1, 3 * SCAN_SLICE_ENTRIES, corrupt_at=5 * SCAN_SLICE_ENTRIES // 2 + 5)
+
+    async def go() -> tuple[bytes, bool, int]:
+        pair = Pair(QUOTAS)
+        pair.conn.data_received(fetch_request(1))
+        entry = pair.conn.queue.pending[0]
+        await _answer(pair, response)
+        return pair.client.bytes(), entry.records_unreadable, pair.server.stats.records_scan_failures["Fetch"]
+
+    assert asyncio.run(go()) == (response, True, 1)
+
+
+def test_the_fetch_counter_is_idle_when_no_filter_counts_fetch_records():
+    async def go() -> tuple[bool, bool]:
+        def counter(raw: dict) -> FetchCountFilter:
+            return next(f for f in Pair(raw).server.chain._response_filters if isinstance(f, FetchCountFilter))
+
+        return counter(BASE).spec.idle, counter(QUOTAS).spec.idle
+
+    assert asyncio.run(go()) == (True, False)
+
+
+def list_offsets_answer(correlation_id: int) -> bytes:
+    payload = struct.pack(">i", correlation_id) + b"body"
+    return struct.pack(">i", len(payload)) + payload
