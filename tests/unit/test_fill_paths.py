@@ -27,7 +27,7 @@ from proxy.dataplane import connection, upstream
 from proxy.dataplane.fill import FrameFill
 from proxy.dataplane.requests import RequestSide
 from tests.support.kafka_messages import make
-from tests.unit.test_connection_paths import BASE, Pair, request
+from tests.unit.test_connection_paths import BASE, Pair, outcome, request
 
 QUOTAS = {**BASE, **yaml.safe_load(QUOTAS_NOT_EXCEEDED)}
 FETCH_VERSION = 12
@@ -129,18 +129,8 @@ def exchange(lend: bool, seed: int, monkeypatch: pytest.MonkeyPatch) -> tuple[Pa
 
 
 def _outcome(pair: Pair) -> dict:
-    s = pair.server.stats
-    return {
-        "to_broker": pair.broker.bytes(),
-        "to_client": pair.client.bytes(),
-        "requests": dict(s.requests),
-        "responses": dict(s.responses),
-        "bytes": (s.bytes_client_to_upstream, s.bytes_upstream_to_client),
-        "scan_failures": dict(s.records_scan_failures),
-        "owed": len(pair.conn.queue.pending),
-        "closed": pair.client.closed,
-        "pool": pair.server.env.guard.pool.held_bytes,
-    }
+    return {**outcome(pair), "scan_failures": dict(pair.server.stats.records_scan_failures),
+            "pool": pair.server.env.guard.pool.held_bytes}
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3, 4])

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
+from typing import TypeVar
 
 from protocol.apis import ApiKey
 from protocol.errors import ProtocolError
@@ -17,6 +19,7 @@ from proxy.observability.logs import LogLimiter
 
 log = logging.getLogger(__name__)
 _unreadable = LogLimiter(log)  # a client can send unreadable batches at will
+_T = TypeVar("_T")
 
 
 def produce_scan(ctx: FilterContext, header: RequestHeader, frame: Frame, entry: InFlight) -> ProduceScan | None:
@@ -81,14 +84,7 @@ class ProduceScanFilter:
         steps = scan_produce_steps(frame, header.body_offset, header.api_version, SCAN_SLICE_ENTRIES)
         if _step(ctx, header, entry, steps):
             return None
-        return Defer(self._rest(ctx, header, entry, steps))
-
-    async def _rest(self, ctx: FilterContext, header: RequestHeader, entry: InFlight,
-                    steps: Iterator[ProduceScan | None]) -> None:
-        while True:
-            await asyncio.sleep(0)  # another turn of the loop between two slices
-            if _step(ctx, header, entry, steps):
-                return None
+        return Defer(_in_slices(partial(_step, ctx, header, entry, steps), None))
 
 
 def _sees_produce(spec: FilterSpec) -> bool:
@@ -164,11 +160,12 @@ class FetchCountFilter:
         steps = count_fetch_steps(memoryview(frame)[offset:], entry.api_version, SCAN_SLICE_ENTRIES)
         if _count_step(ctx, entry, steps):
             return frame
-        return Hold(self._rest(ctx, entry, frame, steps))
+        return Hold(_in_slices(partial(_count_step, ctx, entry, steps), frame))
 
-    async def _rest(self, ctx: FilterContext, entry: InFlight, frame: Frame,
-                    steps: Iterator[FetchRecords | None]) -> Frame:
-        while True:
-            await asyncio.sleep(0)  # another turn of the loop between two slices
-            if _count_step(ctx, entry, steps):
-                return frame
+
+async def _in_slices(step: Callable[[], bool], result: _T) -> _T:
+    """Takes ``step`` once a turn of the loop until it is done; then ``result``."""
+    while True:
+        await asyncio.sleep(0)  # another turn of the loop between two slices
+        if step():
+            return result
