@@ -9,6 +9,7 @@ top-level tagged fields, which must end it exactly.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from struct import Struct
 from typing import NamedTuple
 
@@ -75,37 +76,60 @@ def scan_share_fetch(body: Buffer, version: int) -> ShareFetchBody:
     """ShareFetchResponse v0+: partition error codes, NodeEndpoints entries, and the records
     delivered. Raises :class:`~protocol.scan.ScanError` for a body that does not match the
     schema (:class:`~protocol.records.RecordsError` for record batches that do not add up)."""
+    for scanned in scan_share_fetch_steps(body, version, 2**62):
+        if scanned is not None:
+            return scanned
+    raise AssertionError("a share fetch scan ends with its result")  # pragma: no cover
+
+
+def scan_share_fetch_steps(body: Buffer, version: int, entries_per_step: int) -> Iterator[ShareFetchBody | None]:
+    """:func:`scan_share_fetch` in steps: yields None after every ``entries_per_step``
+    partitions and batches (a pause only when more follow), then the scan. The same result and
+    the same errors, raised by the step that meets them; ``body`` must not change meanwhile."""
     try:
-        errors: set[int] = set()
-        batches = in_batches = acquired = 0
-        topics, pos = _compact_len(body, _head(body, version, ApiKey.SHARE_FETCH))
-        for _ in range(max(topics, 0)):
-            parts, pos = _compact_len(body, pos + 16)  # topic id
-            for _ in range(max(parts, 0)):
-                errors.add(_INT16.unpack_from(body, pos + 4)[0])
-                pos = _skip_compact_bytes(body, pos + 4 + 2)  # index, error code, error message
-                pos = _skip_compact_bytes(body, pos + 2)  # acknowledge error code and message
-                pos = skip_tagged_fields(body, pos + 8)  # CurrentLeader: leader id, epoch
-                size, pos = _compact_len(body, pos)
-                if size > 0:
-                    for b in batch_headers(body, pos, pos + size, partial_tail=True):
-                        if not b.is_control:
-                            batches += 1
-                            in_batches += b.record_count
-                    pos += size
-                ranges, pos = _compact_len(body, pos)
-                for _ in range(max(ranges, 0)):
-                    first, last = _INT64_INT64.unpack_from(body, pos)
-                    acquired += max(last - first + 1, 0)
-                    pos = skip_tagged_fields(body, pos + 8 + 8 + 2)  # delivery count
-                pos = skip_tagged_fields(body, pos)
-            pos = skip_tagged_fields(body, pos)
-        scan = ResponseScan(0, frozenset(errors), _node_endpoints(body, pos))
-        return ShareFetchBody(scan, FetchRecords(batches, min(in_batches, acquired)))
+        yield from _scan_share_fetch(body, version, entries_per_step)
     except RecordsError:
         raise
     except _SHORT as exc:
         raise ScanError(f"malformed ShareFetchResponse v{version}: {exc}") from exc
+
+
+def _scan_share_fetch(body: Buffer, version: int, step: int) -> Iterator[ShareFetchBody | None]:
+    errors: set[int] = set()
+    batches = in_batches = acquired = 0
+    in_step = 0  # partitions and batches read since the last pause
+    topics, pos = _compact_len(body, _head(body, version, ApiKey.SHARE_FETCH))
+    for _ in range(max(topics, 0)):
+        parts, pos = _compact_len(body, pos + 16)  # topic id
+        for _ in range(max(parts, 0)):
+            if in_step >= step:
+                yield None
+                in_step = 0
+            in_step += 1
+            errors.add(_INT16.unpack_from(body, pos + 4)[0])
+            pos = _skip_compact_bytes(body, pos + 4 + 2)  # index, error code, error message
+            pos = _skip_compact_bytes(body, pos + 2)  # acknowledge error code and message
+            pos = skip_tagged_fields(body, pos + 8)  # CurrentLeader: leader id, epoch
+            size, pos = _compact_len(body, pos)
+            if size > 0:
+                for b in batch_headers(body, pos, pos + size, partial_tail=True):
+                    if in_step >= step:
+                        yield None
+                        in_step = 0
+                    in_step += 1
+                    if not b.is_control:
+                        batches += 1
+                        in_batches += b.record_count
+                pos += size
+            ranges, pos = _compact_len(body, pos)
+            for _ in range(max(ranges, 0)):
+                first, last = _INT64_INT64.unpack_from(body, pos)
+                acquired += max(last - first + 1, 0)
+                pos = skip_tagged_fields(body, pos + 8 + 8 + 2)  # delivery count
+            pos = skip_tagged_fields(body, pos)
+        pos = skip_tagged_fields(body, pos)
+    scan = ResponseScan(0, frozenset(errors), _node_endpoints(body, pos))
+    yield ShareFetchBody(scan, FetchRecords(batches, min(in_batches, acquired)))
 
 
 def scan_share_acknowledge(body: Buffer, version: int) -> ResponseScan:

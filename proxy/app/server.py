@@ -84,9 +84,11 @@ def default_chain(
     plugins = build_plugins(config.filters)  # the operator's own (filters:); ConfigError names filters[i]
     # A Produce's batches are read in slices before the filters that read them (a big one deferred).
     produce_scan = ProduceScanFilter([*plugins.request, *counting, producer_ids, limiters])
-    # A Fetch response's records are counted in slices before the filters that count them (a
-    # big one held), after the byte quota may have emptied it.
-    fetch_count = FetchCountFilter([limiters, *(u for u in counting if u.count_fetch_records)])
+    # A (Share)Fetch response's records are counted in slices before the filters that read them
+    # (a big one held), after the byte quota may have emptied it.
+    endpoints = EndpointRewriteFilter(learner)
+    fetch_count = FetchCountFilter([limiters, *(u for u in counting if u.count_fetch_records)],
+                                   share_walkers=[leader_hints, endpoints])
     return FilterChain(
         # Client-quota requests are charged their request_rate, then answered once the principal
         # is known. The operator's filters (filters:) see a request after the proxy's bookkeeping
@@ -100,8 +102,8 @@ def default_chain(
         # hints are filled in with broker addresses before the endpoint filter rewrites them. The
         # operator's filters come last: they see the response as the client will, and what the
         # proxy learns from it (principals, partition counts) is learned from the broker's.
-        response_filters=[rates, fetch_count, limiters, *counting, api_versions, leader_hints,
-                          EndpointRewriteFilter(learner), sasl, mutations, *plugins.response],
+        response_filters=[rates, fetch_count, limiters, *counting, api_versions, leader_hints, endpoints, sasl,
+                          mutations, *plugins.response],
     )
 
 

@@ -9,7 +9,7 @@ import uuid
 from types import SimpleNamespace
 
 import pytest
-from kafka.protocol.admin import CreateTopicsResponse, DeleteTopicsRequest
+from kafka.protocol.admin import CreateTopicsResponse, DeleteTopicsRequest, DeleteTopicsResponse
 from kafka.protocol.metadata import FindCoordinatorResponse
 
 import protocol.messages as messages
@@ -281,17 +281,18 @@ def test_a_big_strict_decision_is_made_a_slice_at_a_time_and_forwards_what_the_l
     names = [f"topic-{i}" for i in range(2_500)]
     frame = _delete_topics_frame(names)
     header = parse_request_header(frame)
-    cache = TopicCache()
-    for n in names:
-        cache.put(n, 1)
     monkeypatch.setattr(module, "now_ms", lambda: 1_000_000)
     worked = record_off_loop(monkeypatch, module)
 
-    async def decide() -> tuple[object, SimpleNamespace, set[float]]:
+    async def decide() -> tuple[object, SimpleNamespace, set[float], bytes]:
         manager = QuotaManager([QuotaRule("alice", None, {"controller_mutation_rate": 100.0})])
+        cache = TopicCache()  # each run its own: an answer makes the cache forget deleted topics
+        for n in names:
+            cache.put(n, 1)
         client_id = header.client_id or ""
         f = ControllerMutationFilter(manager, cache, fallback_num_partitions=1, timeout_s=1.0)
-        entry = SimpleNamespace(mutations=0, notes={}, throttle_ms=0, rejected=False)
+        entry = SimpleNamespace(mutations=0, notes={}, throttle_ms=0, rejected=False, api_key=ApiKey.DELETE_TOPICS,
+                                api_version=6)
         entry.throttle = lambda ms: None
         seen: set[float] = set()
 
@@ -301,20 +302,36 @@ def test_a_big_strict_decision_is_made_a_slice_at_a_time_and_forwards_what_the_l
                 await asyncio.sleep(0)
 
         task = asyncio.create_task(other())
-        decision = f.on_request(filter_context(principal="alice", cluster=unreachable_cluster()), header, frame, entry)
+        ctx = filter_context(principal="alice", cluster=unreachable_cluster())
+        decision = f.on_request(ctx, header, frame, entry)
         while isinstance(decision, Defer):
             decision = await decision.decision
         task.cancel()
-        return decision, entry, seen
+        forwarded = DeleteTopicsRequest[6].decode(memoryview(decision.frame)[header.body_offset:]).topics
+        R = DeleteTopicsResponse[6]
+        response = encode_response_header(9, True) + encode_body(R(throttle_time_ms=0, responses=[
+            R.DeletableTopicResult(name=t.name, topic_id=uuid.UUID(int=1), error_code=0, error_message=None)
+            for t in forwarded]))
+        answer = f.on_response(ctx, entry, response)
+        if isinstance(answer, Hold):
+            answer = await answer.frame
+        if decision.on_response is not None:
+            answer = decision.on_response(answer)
+        return decision, entry, seen, bytes(answer)
 
-    sliced, entry, seen = asyncio.run(decide())
-    assert "encode_body" in worked
+    sliced, entry, seen, sliced_answer = asyncio.run(decide())
+    assert "encode_body" in worked and "_encoded_answer" in worked  # the answer merged off the loop too
     assert any(0 < tokens < 1_000 for tokens in seen)  # seen after 1,000 topics were charged, before the rest
     monkeypatch.setattr(offload, "OFFLOAD_BYTES", 1 << 30)
     monkeypatch.setattr(module, "BIG_TOPICS", 1 << 30)
-    on_loop, on_loop_entry, _ = asyncio.run(decide())
+    on_loop, on_loop_entry, _, on_loop_answer = asyncio.run(decide())
     assert type(sliced) is type(on_loop) is module.Forward
     assert sliced.frame == on_loop.frame and sliced.throttle_ms == on_loop.throttle_ms > 0
+    # The client's answer: the broker's results for the topics forwarded, the proxy's for the rest.
+    assert sliced_answer == on_loop_answer
+    merged = DeleteTopicsResponse[6].decode(memoryview(sliced_answer)[5:])
+    assert [r.name for r in merged.responses] == names
+    assert {r.error_code for r in merged.responses} == {0, 89}  # THROTTLING_QUOTA_EXCEEDED
     assert entry.mutations == on_loop_entry.mutations and entry.rejected and on_loop_entry.rejected
     forwarded = [t.name for t in DeleteTopicsRequest[6].decode(memoryview(sliced.frame)[header.body_offset:]).topics]
     assert 1_000 < len(forwarded) < 1_200 and forwarded == names[: len(forwarded)]

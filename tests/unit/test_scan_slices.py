@@ -19,7 +19,9 @@ from kafka.protocol.producer import ProduceRequest
 from kafka.record.memory_records import MemoryRecordsBuilder
 
 from bench.run import QUOTAS_NOT_EXCEEDED
+from protocol.apis import ApiKey
 from protocol.messages import encode_body
+from proxy.dataplane.filters.api import Hold
 from proxy.dataplane.filters.records import SCAN_SLICE_ENTRIES, FetchCountFilter, ProduceScanFilter
 from tests.support.kafka_messages import make
 from tests.unit.test_connection_paths import BASE, Pair, list_offsets, request
@@ -176,14 +178,51 @@ def test_unreadable_batches_late_in_a_big_fetch_response_are_counted_and_pass_un
     assert asyncio.run(go()) == (response, True, 1)
 
 
-def test_the_fetch_counter_is_idle_when_no_filter_counts_fetch_records():
-    async def go() -> tuple[bool, bool]:
+def test_the_counter_takes_fetch_responses_only_while_a_filter_counts_them():
+    """Every ShareFetch response is walked (the leader and endpoint filters read it); a Fetch
+    response only while its records are counted, so that without quotas it still streams."""
+    async def go() -> tuple[frozenset[int], frozenset[int]]:
         def counter(raw: dict) -> FetchCountFilter:
             return next(f for f in Pair(raw).server.chain._response_filters if isinstance(f, FetchCountFilter))
 
-        return counter(BASE).spec.idle, counter(QUOTAS).spec.idle
+        return counter(BASE).spec.response_keys, counter(QUOTAS).spec.response_keys
 
-    assert asyncio.run(go()) == (True, False)
+    assert asyncio.run(go()) == ({ApiKey.SHARE_FETCH}, {ApiKey.FETCH, ApiKey.SHARE_FETCH})
+
+
+def test_a_big_share_fetch_response_is_walked_in_slices_once_for_every_filter(monkeypatch):
+    """A ShareFetch response of 3,000 partitions: walked 2,000 entries a turn of the loop, its
+    records counted and its errors and NodeEndpoints noted for the leader filter, which does not
+    walk it again."""
+    from protocol.headers import encode_response_header
+    from protocol.share_scan import scan_share_fetch
+    from proxy.cluster.leaders import LeaderCache
+    from proxy.dataplane.filters import leaders
+    from proxy.dataplane.inflight import InFlight
+    from tests.support.filter_context import filter_context
+    from tests.unit.test_share_responses import OK_PARTITION, share_fetch_body
+
+    body, _ = share_fetch_body(1, [(i, *OK_PARTITION[1:]) for i in range(3_000)])
+    frame = encode_response_header(7, True) + body
+
+    async def go() -> tuple[InFlight, int, object]:
+        entry = InFlight(7, ApiKey.SHARE_FETCH, 1, 0.0)
+        decision = FetchCountFilter([]).on_response(filter_context(), entry, frame)
+        turns = 0
+        if isinstance(decision, Hold):
+            task = asyncio.ensure_future(decision.frame)
+            while not task.done():
+                await asyncio.sleep(0)
+                turns += 1
+            decision = task.result()
+        monkeypatch.setitem(leaders._SCANNERS, ApiKey.SHARE_FETCH, lambda *a: pytest.fail("walked again"))
+        answer = leaders.LeaderHintFilter(LeaderCache(), None).on_response(filter_context(), entry, decision)
+        return entry, turns, answer
+
+    entry, turns, answer = asyncio.run(go())
+    whole = scan_share_fetch(body, 1)
+    assert turns >= 2 and answer == frame
+    assert entry.scan == whole.scan and (entry.batches, entry.records) == tuple(whole.delivered)
 
 
 def list_offsets_answer(correlation_id: int) -> bytes:

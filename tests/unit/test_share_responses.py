@@ -29,7 +29,7 @@ from protocol.errors import ProtocolError
 from protocol.headers import encode_response_header
 from protocol.messages import decode_response, encode_body
 from protocol.records import FetchRecords
-from protocol.share_scan import scan_share_acknowledge, scan_share_fetch, scan_share_response
+from protocol.share_scan import scan_share_acknowledge, scan_share_fetch, scan_share_fetch_steps, scan_share_response
 from proxy.cluster.leaders import LeaderCache, PartitionLeader
 from proxy.dataplane.filters.api_versions import default_caps
 from proxy.dataplane.filters.endpoints import EndpointRewriteFilter
@@ -300,3 +300,27 @@ def test_share_fetch_and_acknowledge_are_offered_up_to_v2_and_never_past_it():
     assert _listed(later) == {76: (1, 1), 77: (1, 1), 78: (1, 2), 79: (2, 2)}
     only_v3 = {76: (1, 1), 77: (1, 1), 78: (1, 2), 79: (3, 3), 3: (0, 12)}  # hidden whole
     assert _listed(only_v3) == {3: (0, 12)}
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("step", [1, 2, 3])
+def test_a_share_fetch_scan_in_steps_gives_the_one_piece_scan_and_errors(version, step):
+    body, _ = share_fetch_body(version, [OK_PARTITION, MOVED_PARTITION, OK_PARTITION], [B3])
+    for cut in range(len(body), 0, -3):
+        data = body[:cut]
+        try:
+            whole: object = scan_share_fetch(data, version)
+        except ProtocolError as exc:
+            whole = str(exc)
+        pauses, stepped = 0, None
+        try:
+            for result in scan_share_fetch_steps(data, version, step):
+                if result is None:
+                    pauses += 1
+                else:
+                    stepped = result
+        except ProtocolError as exc:
+            stepped = str(exc)
+        assert stepped == whole
+        if cut == len(body):
+            assert pauses == (3 + 2 - 1) // step  # three partitions, two batches

@@ -106,6 +106,8 @@ class _Validation(enum.Enum):
 VALIDATE_ONLY = _Validation.ONLY
 # What a request noted for its response: its charges, settled against the broker's answer.
 _NOTE: NoteKey[_Charges | _Validation] = NoteKey("controller_mutation")
+# A big request forwarded without the topics it refused: its answer is merged in the decode thread.
+_MERGE: NoteKey[tuple[list[_Topic], int]] = NoteKey("controller_mutation_merge")
 
 
 class ControllerMutationFilter:
@@ -387,7 +389,7 @@ class ControllerMutationFilter:
             return frame
         offset = response_body_offset(frame, entry.api_key, entry.api_version)
         body = memoryview(frame)[offset:]
-        if is_big(body):
+        if is_big(body) or _MERGE.get(entry) is not None:
             return Hold(self._learned_off_loop(entry, frame, body, note))
         resp = decode_response(entry.api_key, entry.api_version, body)
         self._learn_results(entry, getattr(resp, answers.RESULTS[entry.api_key]), note)
@@ -401,7 +403,12 @@ class ControllerMutationFilter:
             if start:
                 await asyncio.sleep(0)  # the response waits (Hold); other clients do not
             self._learn_results(entry, results[start : start + BIG_TOPICS], note)
-        return frame
+        merge = _MERGE.get(entry)
+        if merge is None:
+            return frame
+        # The broker's answer to the topics forwarded, with the proxy's to the others.
+        merged = await off_loop(_encoded_answer, entry.api_key, entry.api_version, merge[0], resp, merge[1])
+        return bytes(frame[: len(frame) - len(body)]) + merged
 
     def _learn_results(self, entry: InFlight, results: Sequence[Any], note: _Charges | _Validation | None) -> None:
         """What the broker's answer tells: partition counts to keep or forget, charges to settle."""
@@ -464,7 +471,12 @@ async def _off_loop_answer(header: RequestHeader, topics: list[_Topic], throttle
 
 async def _off_loop_forward(header: RequestHeader, frame: Frame, req: Any, entry: InFlight, topics: list[_Topic],
                             throttle: int) -> Forward:
-    """The request without the topics refused, encoded in the decode thread."""
+    """The request without the topics refused, encoded in the decode thread (and its answer
+    merged there: see on_response)."""
     body = await off_loop(encode_body, req)
-    return Forward(bytes(frame[: header.body_offset]) + body, throttle_ms=throttle,
-                   on_response=lambda response: answers.merged(entry, response, topics, throttle))
+    _MERGE.set(entry, (topics, throttle))
+    return Forward(bytes(frame[: header.body_offset]) + body, throttle_ms=throttle)
+
+
+def _encoded_answer(key: int, version: int, topics: list[_Topic], upstream: Any, throttle: int) -> bytes:
+    return encode_body(answers.response(key, version, topics, upstream, throttle))

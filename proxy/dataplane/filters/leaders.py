@@ -68,7 +68,8 @@ class LeaderHintFilter:
         if version < HINTS_SINCE[key]:
             return frame
         offset = response_body_offset(frame, key, version)
-        scan = _SCANNERS[key](memoryview(frame)[offset:], version)
+        # A ShareFetch response's walk, made in slices before (FetchCountFilter), or made now.
+        scan = entry.scan or _SCANNERS[key](memoryview(frame)[offset:], version)
         if _MOVED.isdisjoint(scan.error_codes):
             entry.scan = scan  # the endpoint filter reads the same frame next
             return frame  # the hot path: no partition moved

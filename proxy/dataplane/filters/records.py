@@ -12,7 +12,7 @@ from protocol.apis import ApiKey
 from protocol.errors import ProtocolError
 from protocol.headers import RequestHeader, response_body_offset
 from protocol.records import FetchRecords, ProduceScan, RecordsError, count_fetch_steps, scan_produce_steps
-from protocol.share_scan import scan_share_fetch
+from protocol.share_scan import ShareFetchBody, scan_share_fetch_steps
 from proxy.dataplane.filters.api import Defer, FilterContext, FilterSpec, Frame, Hold, checked_spec
 from proxy.dataplane.inflight import InFlight
 from proxy.observability.logs import LogLimiter
@@ -92,75 +92,77 @@ def _sees_produce(spec: FilterSpec) -> bool:
 
 
 def count_fetched(ctx: FilterContext, entry: InFlight, frame: Frame) -> bool:
-    """Counts a Fetch (or ShareFetch) response's records and batches onto its in-flight entry, once
-    (a Fetch's by :class:`FetchCountFilter` when it runs first, as in the proxy's chain).
+    """Counts a Fetch (or ShareFetch) response's records and batches onto its in-flight entry,
+    once (by :class:`FetchCountFilter` when it runs first, as in the proxy's chain).
 
     False for a response whose batches cannot be read: it is counted and logged, and passes on
     as it is, uncounted and uncharged.
     """
-    if entry.records is not None:
-        return not entry.records_unreadable
+    if entry.records is None:
+        _count_step(ctx, entry, _count_steps(entry, frame, _ALL_ENTRIES))
+    return not entry.records_unreadable
+
+
+def _count_steps(entry: InFlight, frame: Frame, step: int) -> Iterator[FetchRecords | ShareFetchBody | None]:
+    # The broker's bytes, or the proxy's own buffer of them: nothing changes them meanwhile.
     body = memoryview(frame)[response_body_offset(frame, entry.api_key, entry.api_version):]
-    if entry.api_key != ApiKey.SHARE_FETCH:
-        _count_step(ctx, entry, count_fetch_steps(body, entry.api_version, _ALL_ENTRIES))
-        return not entry.records_unreadable
-    try:
-        counted = scan_share_fetch(body, entry.api_version).delivered
-    except ProtocolError as exc:  # a body that does not scan, or batches that do not add up
-        _fetch_unreadable(ctx, entry, exc)
-        return False
-    entry.records, entry.batches = counted.records, counted.batches
-    return True
+    if entry.api_key == ApiKey.SHARE_FETCH:
+        return scan_share_fetch_steps(body, entry.api_version, step)
+    return count_fetch_steps(body, entry.api_version, step)
 
 
-def _fetch_unreadable(ctx: FilterContext, entry: InFlight, exc: Exception) -> None:
-    api = "ShareFetch" if entry.api_key == ApiKey.SHARE_FETCH else "Fetch"
-    ctx.stats.records_scan_failures[api] += 1
-    _unreadable.log(logging.WARNING, "unreadable record batches in a %s response for %s: %s; not counted or charged",
-                    api, ctx.label, exc)
-    entry.records = 0
-    entry.records_unreadable = True
-
-
-def _count_step(ctx: FilterContext, entry: InFlight, steps: Iterator[FetchRecords | None]) -> bool:
-    """Takes the next step of a Fetch response's count; whether it is done (``entry.records``
-    set; ``records_unreadable`` too for batches that cannot be read, counted and logged)."""
+def _count_step(ctx: FilterContext, entry: InFlight, steps: Iterator[FetchRecords | ShareFetchBody | None]) -> bool:
+    """Takes the next step of a (Share)Fetch response's count; whether it is done
+    (``entry.records`` set, and a ShareFetch's ``entry.scan`` for the filters after;
+    ``records_unreadable`` for batches that cannot be read, counted and logged)."""
     try:
         counted = next(steps)
-    except RecordsError as exc:
-        _fetch_unreadable(ctx, entry, exc)
+    except ProtocolError as exc:  # batches that do not add up, or a ShareFetch body that does not scan
+        api = "ShareFetch" if entry.api_key == ApiKey.SHARE_FETCH else "Fetch"
+        ctx.stats.records_scan_failures[api] += 1
+        _unreadable.log(logging.WARNING, "unreadable record batches in a %s response for %s: %s; not counted or "
+                        "charged", api, ctx.label, exc)
+        entry.records = 0
+        entry.records_unreadable = True
         return True
     if counted is None:
         return False
+    if isinstance(counted, ShareFetchBody):
+        entry.scan = counted.scan  # what the leader and endpoint filters read of it
+        counted = counted.delivered
     entry.records, entry.batches = counted.records, counted.batches
     return True
 
 
 class FetchCountFilter:
-    """Counts a Fetch response's records for the filters after it that count them, 2,000
-    partitions and batches at a time: the first slice at once, the rest between turns of the
-    event loop, the response held meanwhile (it keeps its place; those behind it wait). A Fetch
+    """Counts a Fetch or ShareFetch response's records for the filters after it that read them,
+    2,000 partitions and batches at a time: the first slice at once, the rest between turns of
+    the event loop, the response held meanwhile (it keeps its place; those behind it wait). A
     response of a million small batches holds the loop about as long as one of 2,000."""
 
-    def __init__(self, readers: Sequence[object]) -> None:
-        self.readers = tuple(readers)  # the filters that call count_fetched on Fetch responses
+    def __init__(self, counters: Sequence[object], share_walkers: Sequence[object] = ()) -> None:
+        self.counters = tuple(counters)  # the filters that call count_fetched
+        self.share_walkers = tuple(share_walkers)  # the filters that walk every ShareFetch response
 
     @property
     def spec(self) -> FilterSpec:
-        """Fetch responses, while a filter that counts their records is busy with them."""
-        busy = any(not spec.idle and ApiKey.FETCH in spec.response_keys
-                   for spec in (checked_spec(f) for f in self.readers))
-        return FilterSpec(response_keys=frozenset({ApiKey.FETCH}), idle=not busy)
+        """The (Share)Fetch responses a filter after it is busy reading."""
+        keys = {key for f in self.counters for key in _busy_keys(f) if key in (ApiKey.FETCH, ApiKey.SHARE_FETCH)}
+        keys.update(key for f in self.share_walkers for key in _busy_keys(f) if key == ApiKey.SHARE_FETCH)
+        return FilterSpec(response_keys=frozenset(keys), idle=not keys)
 
     def on_response(self, ctx: FilterContext, entry: InFlight, frame: Frame) -> Frame | Hold:
         if entry.records is not None:
             return frame
-        offset = response_body_offset(frame, entry.api_key, entry.api_version)
-        # The broker's bytes, or the proxy's own buffer of them: nothing changes them meanwhile.
-        steps = count_fetch_steps(memoryview(frame)[offset:], entry.api_version, SCAN_SLICE_ENTRIES)
+        steps = _count_steps(entry, frame, SCAN_SLICE_ENTRIES)
         if _count_step(ctx, entry, steps):
             return frame
         return Hold(_in_slices(partial(_count_step, ctx, entry, steps), frame))
+
+
+def _busy_keys(f: object) -> frozenset[int]:
+    spec = checked_spec(f)
+    return frozenset() if spec.idle else spec.response_keys
 
 
 async def _in_slices(step: Callable[[], bool], result: _T) -> _T:
