@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import socket
 import string
+import struct
 import threading
 import time
 import uuid
@@ -111,9 +112,21 @@ def test_all_topics_metadata_of_a_big_cluster_is_what_the_broker_says_with_proxy
     assert p.metric_sum("kqp_metadata_responses_learned_total", outcome="responses") >= 1
 
 
-def _longest_round_trip_meanwhile(address: tuple[str, int], big: Callable[[socket.socket], None]) -> float:
-    """Another client's longest ApiVersions round trip on ``address`` while ``big`` runs on a
-    connection of its own."""
+def _unknown_version_round_trip(s: socket.socket) -> int:
+    """ApiVersions v99, which the proxy answers itself (as Kafka does: v0, UNSUPPORTED_VERSION)
+    without the broker: its round trip is the proxy's event loop alone."""
+    body = struct.pack(">hhi", 18, 99, 7) + struct.pack(">h", 5) + b"probe" + b"\x00"
+    s.sendall(struct.pack(">i", len(body)) + body)
+    frame = read_frame(s)
+    if frame is None:
+        raise ConnectionError("closed")
+    return struct.unpack(">i", frame[:4])[0]
+
+
+def _longest_round_trip_meanwhile(address: tuple[str, int], big: Callable[[socket.socket], None],
+                                  probe: Callable[[socket.socket], int] = api_versions_round_trip) -> float:
+    """Another client's longest round trip of ``probe`` (ApiVersions v0) on ``address`` while
+    ``big`` runs on a connection of its own."""
     done = threading.Event()
     trips: list[float] = []
 
@@ -121,7 +134,7 @@ def _longest_round_trip_meanwhile(address: tuple[str, int], big: Callable[[socke
         with socket.create_connection(address, timeout=30) as s:
             while not done.is_set():
                 start = time.perf_counter()
-                api_versions_round_trip(s)
+                probe(s)
                 trips.append(time.perf_counter() - start)
 
     other = threading.Thread(target=round_trips, daemon=True)
@@ -199,11 +212,14 @@ def test_big_frames_of_the_apis_the_proxy_reads_do_not_hold_up_another_client(ta
     loop (proxy.cluster.offload), so another client waits no longer than with a small one. The
     controller mutation quota makes the proxy read DeleteTopics (and ask the broker for the
     topics' partition counts); quota_admin makes it answer DescribeClientQuotas itself; the
-    record rate makes it read a Produce's batches, in slices (proxy.dataplane.filters.records)."""
+    record rate makes it read a Produce's batches, in slices (proxy.dataplane.filters.records).
+    The other client's round trips are of ApiVersions v99, which the proxy answers without the
+    broker: what they measure is the proxy's loop, not Tansu, which holds other requests while it
+    writes a Produce of 20,000 partitions (300 ms and more seen through the proxy with v0)."""
     p = proxy([tansu.bootstrap], extra_config={
         "quotas": [{"user": "<default>", "controller_mutation_rate": 1_000_000, "producer_record_rate": 1e12}],
         "quota_admin": {"enabled": True},
     })
-    longest = _longest_round_trip_meanwhile(p.address, case)
+    longest = _longest_round_trip_meanwhile(p.address, case, probe=_unknown_version_round_trip)
     print(f"{case.__name__}: another client's longest round trip {longest * 1000:.0f} ms")
-    assert longest < STALL_BOUND_S, f"another client's longest ApiVersions round trip: {longest * 1000:.0f} ms"
+    assert longest < STALL_BOUND_S, f"another client's longest ApiVersions v99 round trip: {longest * 1000:.0f} ms"
