@@ -320,7 +320,7 @@ def test_a_big_strict_decision_is_made_a_slice_at_a_time_and_forwards_what_the_l
         return decision, entry, seen, bytes(answer)
 
     sliced, entry, seen, sliced_answer = asyncio.run(decide())
-    assert "encode_body" in worked and "_encoded_answer" in worked  # the answer merged off the loop too
+    assert "_kept_and_encoded" in worked and "_encoded_answer" in worked  # the answer merged off the loop too
     assert any(0 < tokens < 1_000 for tokens in seen)  # seen after 1,000 topics were charged, before the rest
     monkeypatch.setattr(offload, "OFFLOAD_BYTES", 1 << 30)
     monkeypatch.setattr(module, "BIG_TOPICS", 1 << 30)

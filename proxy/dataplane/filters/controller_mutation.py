@@ -31,7 +31,6 @@ import enum
 import logging
 import uuid
 from collections.abc import Collection, Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from protocol import errors
@@ -44,6 +43,7 @@ from proxy.cluster.topics import TopicCache
 from proxy.dataplane.filters import mutation_answers as answers
 from proxy.dataplane.filters import mutation_checks as checks
 from proxy.dataplane.filters.api import Answer, Defer, FilterContext, FilterSpec, Forward, Frame, Hold
+from proxy.dataplane.filters.mutation_topics import Charges, Strike, Topic, Topics
 from proxy.dataplane.filters.quotas import now_ms
 from proxy.dataplane.filters.shadow import applied, enforced, note_shadow
 from proxy.dataplane.inflight import InFlight, NoteKey
@@ -57,57 +57,15 @@ log = logging.getLogger(__name__)
 BIG_TOPICS = 1000
 
 
-@dataclass
-class _Topic:
-    item: Any  # the request's entry for this topic (a DeleteTopics v0-v5 name)
-    name: str | None
-    topic_id: uuid.UUID | None
-    mutations: int | None = None  # partitions it creates or deletes; None: not known yet
-    refusal: checks.Refusal | None = None  # Kafka refuses it before charging (as far as the proxy knows)
-    # What this request charged for it: 0 too for a topic a quota in shadow mode would have
-    # refused (enforcing it would have charged nothing), which is settled as any uncharged one.
-    charged: int = 0
-    answer: checks.Refusal | None = None  # answered by the proxy: 89, or Kafka's refusal while in debt
-
-
-@dataclass
-class _Charges:
-    """What a request charged, settled against the broker's answer (:meth:`_settle`)."""
-
-    user: str
-    client_id: str
-    limited: bool
-    topics: list[_Topic]
-    by_name: dict[str, _Topic] = field(default_factory=dict)
-    by_id: dict[uuid.UUID, _Topic] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        for t in self.topics:
-            if t.name:
-                self.by_name.setdefault(t.name, t)
-            if t.topic_id is not None:
-                self.by_id.setdefault(t.topic_id, t)
-
-
-@dataclass
-class _Strike:
-    """What a strict decision made of a request's topics so far (:meth:`ControllerMutationFilter._strict`)."""
-
-    enforcing: bool
-    admitted: list[_Topic] = field(default_factory=list)
-    throttle: int = 0
-    shadow_refused: list[int] = field(default_factory=list)  # the throttles a quota in shadow mode would have refused
-
-
 class _Validation(enum.Enum):
     ONLY = "validate_only"  # a ValidateOnly request: its response must not teach the topic cache anything
 
 
 VALIDATE_ONLY = _Validation.ONLY
 # What a request noted for its response: its charges, settled against the broker's answer.
-_NOTE: NoteKey[_Charges | _Validation] = NoteKey("controller_mutation")
+_NOTE: NoteKey[Charges | _Validation] = NoteKey("controller_mutation")
 # A big request forwarded without the topics it refused: its answer is merged in the decode thread.
-_MERGE: NoteKey[tuple[list[_Topic], int]] = NoteKey("controller_mutation_merge")
+_MERGE: NoteKey[tuple[Topics, int]] = NoteKey("controller_mutation_merge")
 
 
 class ControllerMutationFilter:
@@ -139,21 +97,21 @@ class ControllerMutationFilter:
         req, topics = await off_loop(self._read, header.api_key, header.api_version, body, brokers)
         return self._on_decoded(ctx, header, frame, entry, req, topics)
 
-    def _read(self, key: int, version: int, body: memoryview, brokers: Collection[int]) -> tuple[Any, list[_Topic]]:
+    def _read(self, key: int, version: int, body: memoryview, brokers: Collection[int]) -> tuple[Any, Topics]:
         """In the decode thread: the request, and its topics as the proxy knows them now (the
         topic cache is only read, one key at a time)."""
         req = decode_request(key, version, body)
-        return req, ([] if getattr(req, "validate_only", False) else self._topics(key, version, req, brokers))
+        return req, (Topics() if getattr(req, "validate_only", False) else self._topics(key, version, req, brokers))
 
     async def _read_topics(self, key: int, version: int, req: Any, brokers: Collection[int],
-                           looked_up: bool = False) -> list[_Topic]:
+                           looked_up: bool = False) -> Topics:
         """:meth:`_topics` (``looked_up``: :meth:`_looked_up`); for many topics, in the decode thread."""
         read = self._looked_up if looked_up else self._topics
         if len(req.topic_names if key == ApiKey.DELETE_TOPICS and version < 6 else req.topics) <= BIG_TOPICS:
             return read(key, version, req, brokers)
         return await off_loop(read, key, version, req, frozenset(brokers))
 
-    def _looked_up(self, key: int, version: int, req: Any, brokers: Collection[int]) -> list[_Topic]:
+    def _looked_up(self, key: int, version: int, req: Any, brokers: Collection[int]) -> Topics:
         """The request's topics once the broker was asked: a topic still not known does not exist."""
         topics = self._topics(key, version, req, brokers)
         for t in topics:
@@ -164,10 +122,10 @@ class ControllerMutationFilter:
                     t.refusal = (checks.create_partitions_refusal(t.item, None, duplicate=False)
                                  if key == ApiKey.CREATE_PARTITIONS
                                  else checks.delete_topic_refusal(not t.name, False, duplicate=False))
-        return topics
+        return topics.sum_up()
 
     def _on_decoded(self, ctx: FilterContext, header: RequestHeader, frame: Frame, entry: InFlight,
-                    req: Any, topics: list[_Topic] | None = None) -> Answer | Forward | Defer | None:
+                    req: Any, topics: Topics | None = None) -> Answer | Forward | Defer | None:
         if getattr(req, "validate_only", False):
             _NOTE.set(entry, VALIDATE_ONLY)
             return None  # KIP-599: validation is not a mutation
@@ -177,14 +135,14 @@ class ControllerMutationFilter:
             return None
         if topics is None:
             topics = self._topics(header.api_key, header.api_version, req, ctx.cluster.brokers)
-        if any(t.mutations is None and t.refusal is None for t in topics):
+        if topics.unknown:
             return Defer(self._after_lookup(ctx, header, frame, req, entry, limited, refresh=False))
         return self._decide(ctx, header, frame, req, entry, topics, limited, looked_up=False)
 
-    def _topics(self, key: int, version: int, req: Any, brokers: Collection[int]) -> list[_Topic]:
+    def _topics(self, key: int, version: int, req: Any, brokers: Collection[int]) -> Topics:
         """The request's topics as the proxy knows them now: what each would cost, and what
         Kafka would refuse before charging."""
-        out: list[_Topic] = []
+        out = Topics()
         if key == ApiKey.CREATE_TOPICS:
             twice = checks.duplicates([t.name for t in req.topics])
             for t in req.topics:
@@ -193,12 +151,12 @@ class ControllerMutationFilter:
                 n = t.num_partitions if t.num_partitions != -1 else (len(t.assignments) or None)
                 if n is None:
                     n = self.topics.num_partitions_default  # None until known: looked up first
-                out.append(_Topic(t, t.name, None, max(n, 0) if n is not None else None, refusal))
+                out.append(Topic(t, t.name, None, max(n, 0) if n is not None else None, refusal))
         elif key == ApiKey.CREATE_PARTITIONS:
             twice = checks.duplicates([t.name for t in req.topics])
             for t in req.topics:
                 current = self.topics.count(t.name)
-                topic = _Topic(t, t.name, None, None if current is None else max(t.count - current, 0))
+                topic = Topic(t, t.name, None, None if current is None else max(t.count - current, 0))
                 if current is not None or t.name in twice:
                     topic.refusal = checks.create_partitions_refusal(t, current, duplicate=t.name in twice)
                 out.append(topic)
@@ -213,12 +171,12 @@ class ControllerMutationFilter:
             twice = checks.duplicates(list(req.topic_names))
             for name in req.topic_names:
                 out.append(self._delete_topic(name, name, None, twice))
-        return out
+        return out.sum_up()
 
     def _delete_topic(self, item: Any, name: str | None, topic_id: uuid.UUID | None,
-                      twice: Collection[str | uuid.UUID]) -> _Topic:
+                      twice: Collection[str | uuid.UUID]) -> Topic:
         count = self.topics.count(name, topic_id)
-        topic = _Topic(item, name, topic_id, count)
+        topic = Topic(item, name, topic_id, count)
         if (name or topic_id) in twice:
             topic.refusal = checks.delete_topic_refusal(not name, True, duplicate=True)
         return topic
@@ -230,19 +188,13 @@ class ControllerMutationFilter:
         every topic of the request afresh, before any is refused."""
         key = header.api_key
         topics = await self._read_topics(key, header.api_version, req, ctx.cluster.brokers)
-        if refresh or limited:
-            # Every topic whose state the cache gave (or could not give), in one Metadata request.
-            asked = [t for t in topics if t.refusal is None or t.refusal.error_code in checks.CACHE_CODES]
-            names = [t.name for t in asked if t.name]
-            ids = [t.topic_id for t in asked if not t.name and t.topic_id is not None]
-        else:
-            names = [t.name for t in topics if t.mutations is None and t.refusal is None and t.name]
-            ids = [t.topic_id for t in topics if t.mutations is None and t.refusal is None and not t.name
-                   and t.topic_id is not None]
+        # Every topic whose state the cache gave (or could not give), in one Metadata request;
+        # else those whose cost is not known.
+        names, ids = (topics.asked_names, topics.asked_ids) if refresh or limited else (
+            topics.unknown_names, topics.unknown_ids)
         address = ctx.cluster.upstream_address(None, 0)
         try:
-            if key == ApiKey.CREATE_TOPICS and self.topics.num_partitions_default is None and \
-                    any(t.mutations is None and t.refusal is None for t in topics):
+            if key == ApiKey.CREATE_TOPICS and self.topics.num_partitions_default is None and topics.unknown:
                 node_id = next(iter(ctx.cluster.brokers), 0)
                 default = await fetch_num_partitions(ctx.cluster.dialer, address, node_id, self.timeout_s)
                 self.topics.num_partitions_default = default
@@ -263,10 +215,10 @@ class ControllerMutationFilter:
         return self._decide(ctx, header, frame, req, entry, refreshed, limited, looked_up=True)
 
     def _decide(self, ctx: FilterContext, header: RequestHeader, frame: Frame, req: Any, entry: InFlight,
-                topics: list[_Topic], limited: bool, looked_up: bool) -> Answer | Forward | Defer | None:
-        entry.mutations = sum(t.mutations or 0 for t in topics if t.refusal is None)
+                topics: Topics, limited: bool, looked_up: bool) -> Answer | Forward | Defer | None:
+        entry.mutations = topics.mutations
         user, client_id = ctx.session.principal, header.client_id or ""
-        _NOTE.set(entry, _Charges(user, client_id, limited, topics))
+        _NOTE.set(entry, Charges(user, client_id, limited, topics))
         if not limited:
             return None
         now = now_ms()
@@ -276,7 +228,7 @@ class ControllerMutationFilter:
             return Defer(self._after_lookup(ctx, header, frame, req, entry, limited, refresh=True))
         if not strict:
             return self._permissive(ctx, entry, topics, user, client_id, now)
-        strike = _Strike(enforced(self.manager.resolve(user, client_id, CONTROLLER_MUTATION_RATE)) is not None)
+        strike = Strike(enforced(self.manager.resolve(user, client_id, CONTROLLER_MUTATION_RATE)) is not None)
         if len(topics) > BIG_TOPICS:
             return Defer(self._strict_in_slices(ctx, header, frame, req, entry, topics, strike, now))
         for _ in self._strict(user, client_id, topics, strike, now):
@@ -284,7 +236,7 @@ class ControllerMutationFilter:
         return self._outcome(ctx, header, frame, req, entry, topics, strike)
 
     async def _strict_in_slices(self, ctx: FilterContext, header: RequestHeader, frame: Frame, req: Any,
-                                entry: InFlight, topics: list[_Topic], strike: _Strike,
+                                entry: InFlight, topics: Topics, strike: Strike,
                                 now: int) -> Answer | Forward | Defer | None:
         """:meth:`_strict` a slice of topics at a time: other clients go on between (another
         request of the same principal may be charged between two slices, as Kafka's request
@@ -294,7 +246,7 @@ class ControllerMutationFilter:
             await asyncio.sleep(0)
         return self._outcome(ctx, header, frame, req, entry, topics, strike)
 
-    def _strict(self, user: str, client_id: str, topics: list[_Topic], strike: _Strike, now: int) -> Iterator[None]:
+    def _strict(self, user: str, client_id: str, topics: Topics, strike: Strike, now: int) -> Iterator[None]:
         """StrictControllerMutationQuota, topic by topic in the request's order (KIP-599): each
         charged while tokens remain, refused THROTTLING_QUOTA_EXCEEDED once they do not; one
         Kafka would refuse anyway is answered its refusal while in debt. Yields every
@@ -312,7 +264,7 @@ class ControllerMutationFilter:
                                                                              now) or 0.0) < 0
                     in_debt[key] = debt_now
                 if in_debt[key]:
-                    t.answer = t.refusal  # Kafka's own answer, never forwarded: see the module docstring
+                    strike.refuse(t, t.refusal)  # Kafka's own answer, never forwarded: see the module docstring
                 else:
                     strike.admitted.append(t)
                 continue
@@ -326,60 +278,55 @@ class ControllerMutationFilter:
                 strike.admitted.append(t)
             elif decision.shadow:  # forwarded uncharged; noted below, once for the request
                 strike.admitted.append(t)
-                strike.shadow_refused.append(decision.throttle_ms)
+                strike.shadow_refused += 1
+                strike.shadow_throttle = max(strike.shadow_throttle, decision.throttle_ms)
             else:
-                t.answer = checks.Refusal(errors.THROTTLING_QUOTA_EXCEEDED, answers.THROTTLED_MESSAGE)
+                strike.refuse(t, checks.Refusal(errors.THROTTLING_QUOTA_EXCEEDED, answers.THROTTLED_MESSAGE))
                 strike.throttle = max(strike.throttle, decision.throttle_ms)
 
     def _outcome(self, ctx: FilterContext, header: RequestHeader, frame: Frame, req: Any, entry: InFlight,
-                 topics: list[_Topic], strike: _Strike) -> Answer | Forward | Defer | None:
+                 topics: Topics, strike: Strike) -> Answer | Forward | Defer | None:
         """The decision once every topic is decided: forwarded as it is, answered whole by the
         proxy, or forwarded without the topics it refused (their answers merged into the broker's)."""
         admitted, throttle = strike.admitted, strike.throttle
         if strike.shadow_refused:
-            note_shadow(ctx, entry, CONTROLLER_MUTATION_RATE, max(strike.shadow_refused),
-                        f"{len(strike.shadow_refused)} of {len(topics)} topics")
+            note_shadow(ctx, entry, CONTROLLER_MUTATION_RATE, strike.shadow_throttle,
+                        f"{strike.shadow_refused} of {len(topics)} topics")
         if len(admitted) == len(topics):
             return None  # StrictControllerMutationQuota: no rejection, no throttle
-        entry.rejected = any(t.answer is not None and t.answer.error_code == errors.THROTTLING_QUOTA_EXCEEDED
-                             for t in topics)
+        entry.rejected = strike.rejected
         if not admitted:
             if len(topics) > BIG_TOPICS:
                 return Defer(_off_loop_answer(header, topics, throttle))
             return Answer(answers.whole_answer(header, topics, throttle), throttle_ms=throttle)
-        self._keep_only(header.api_key, header.api_version, req, admitted)
         if len(topics) > BIG_TOPICS:
-            return Defer(_off_loop_forward(header, frame, req, entry, topics, throttle))
+            return Defer(_off_loop_forward(header, frame, req, entry, topics, admitted, throttle))
+        _keep_only(header.api_key, header.api_version, req, admitted)
         return Forward(bytes(frame[: header.body_offset]) + encode_body(req), throttle_ms=throttle,
                        on_response=lambda response: answers.merged(entry, response, topics, throttle))
 
-    def _permissive(self, ctx: FilterContext, entry: InFlight, topics: list[_Topic], user: str, client_id: str,
-                    now: int) -> Forward | None:
+    def _permissive(self, ctx: FilterContext, entry: InFlight, topics: Topics, user: str, client_id: str,
+                    now: int) -> Forward | Defer | None:
         """PermissiveControllerMutationQuota: every topic forwarded, the ones Kafka would create
         charged together, throttled while in debt."""
         if not entry.mutations:
             return None
         decided = self.manager.record(user, client_id, CONTROLLER_MUTATION_RATE, entry.mutations, now)
-        for t in topics:
-            if t.refusal is None:
-                t.charged = t.mutations or 0
         throttle = applied(ctx, entry, CONTROLLER_MUTATION_RATE, decided).throttle_ms
+        if len(topics) > BIG_TOPICS:
+            return Defer(_charged_off_loop(topics, throttle))
+        _mark_charged(topics)
         return Forward(throttle_ms=throttle) if throttle else None
 
-    def _would_refuse(self, user: str, client_id: str, topics: list[_Topic], now: int, strict: bool) -> bool:
+    def _would_refuse(self, user: str, client_id: str, topics: Topics, now: int, strict: bool) -> bool:
         """Whether a decision on what the proxy knows now would answer any topic itself (89, or
         a refusal while in debt) or, permissive, throttle the request; charges nothing."""
         tokens = self.manager.tokens(user, client_id, CONTROLLER_MUTATION_RATE, now)
-        if tokens is None:
+        if tokens is None or not topics:
             return False
-        if not strict:
-            return tokens - sum(t.mutations or 0 for t in topics if t.refusal is None) < 0
-        for t in topics:
-            if tokens < 0:
-                return True  # this topic would be refused, or answered its refusal by the proxy
-            if t.refusal is None:
-                tokens -= t.mutations or 0
-        return False
+        # Strict: tokens only fall, so some topic finds them below 0 at its turn (refused, or
+        # answered its refusal by the proxy) iff they are below 0 before the last one's.
+        return tokens - (topics.but_last if strict else topics.mutations) < 0
 
     # -- response side: settle the charges, keep the partition counts current ----------------
 
@@ -396,7 +343,7 @@ class ControllerMutationFilter:
         return frame
 
     async def _learned_off_loop(self, entry: InFlight, frame: Frame, body: memoryview,
-                                note: _Charges | _Validation | None) -> Frame:
+                                note: Charges | _Validation | None) -> Frame:
         resp = await decode_response_off_loop(entry.api_key, entry.api_version, body)
         results = getattr(resp, answers.RESULTS[entry.api_key])
         for start in range(0, len(results), BIG_TOPICS):
@@ -410,7 +357,7 @@ class ControllerMutationFilter:
         merged = await off_loop(_encoded_answer, entry.api_key, entry.api_version, merge[0], resp, merge[1])
         return bytes(frame[: len(frame) - len(body)]) + merged
 
-    def _learn_results(self, entry: InFlight, results: Sequence[Any], note: _Charges | _Validation | None) -> None:
+    def _learn_results(self, entry: InFlight, results: Sequence[Any], note: Charges | _Validation | None) -> None:
         """What the broker's answer tells: partition counts to keep or forget, charges to settle."""
         if entry.api_key == ApiKey.CREATE_PARTITIONS:
             for t in results:
@@ -424,16 +371,16 @@ class ControllerMutationFilter:
             for t in results:
                 if t.error_code == 0 and t.name:
                     self.topics.forget(t.name)
-        if isinstance(note, _Charges):
+        if isinstance(note, Charges):
             self._settle(entry, note, results)
 
-    def _settle(self, entry: InFlight, charges: _Charges, results: Sequence[Any]) -> None:
+    def _settle(self, entry: InFlight, charges: Charges, results: Sequence[Any]) -> None:
         """What the broker did, charged; what it refused, given back (only the topics it was sent)."""
         now = None
         for r in results:
-            t = charges.by_name.get(r.name) if r.name else None
+            t = charges.topics.by_name.get(r.name) if r.name else None
             if t is None and getattr(r, "topic_id", None) is not None:
-                t = charges.by_id.get(r.topic_id)
+                t = charges.topics.by_id.get(r.topic_id)
             if t is None or t.answer is not None:
                 continue
             done = checks.charged(entry.api_key, r.error_code)
@@ -454,29 +401,46 @@ class ControllerMutationFilter:
                     now = now or now_ms()
                     self.manager.charge(charges.user, charges.client_id, CONTROLLER_MUTATION_RATE, amount, now)
 
-    # -- rewriting --------------------------------------------------------------------------
-
-    @staticmethod
-    def _keep_only(key: int, version: int, req: Any, admitted: list[_Topic]) -> None:
-        items = [t.item for t in admitted]
-        if key == ApiKey.DELETE_TOPICS and version < 6:
-            req.topic_names = items
-        else:
-            req.topics = items
 
 
-async def _off_loop_answer(header: RequestHeader, topics: list[_Topic], throttle: int) -> Answer:
+def _keep_only(key: int, version: int, req: Any, admitted: list[Topic]) -> None:
+    """``req`` without the topics refused."""
+    items = [t.item for t in admitted]
+    if key == ApiKey.DELETE_TOPICS and version < 6:
+        req.topic_names = items
+    else:
+        req.topics = items
+
+
+def _mark_charged(topics: Topics) -> None:
+    """Permissive: every topic Kafka would not refuse charged its mutations."""
+    for t in topics:
+        if t.refusal is None:
+            t.charged = t.mutations or 0
+
+
+async def _charged_off_loop(topics: Topics, throttle: int) -> Forward | None:
+    await off_loop(_mark_charged, topics)
+    return Forward(throttle_ms=throttle) if throttle else None
+
+
+async def _off_loop_answer(header: RequestHeader, topics: Topics, throttle: int) -> Answer:
     return Answer(await off_loop(answers.whole_answer, header, topics, throttle), throttle_ms=throttle)
 
 
-async def _off_loop_forward(header: RequestHeader, frame: Frame, req: Any, entry: InFlight, topics: list[_Topic],
-                            throttle: int) -> Forward:
-    """The request without the topics refused, encoded in the decode thread (and its answer
-    merged there: see on_response)."""
-    body = await off_loop(encode_body, req)
+async def _off_loop_forward(header: RequestHeader, frame: Frame, req: Any, entry: InFlight, topics: Topics,
+                            admitted: list[Topic], throttle: int) -> Forward:
+    """The request without the topics refused, made and encoded in the decode thread (and its
+    answer merged there: see on_response)."""
+    body = await off_loop(_kept_and_encoded, header.api_key, header.api_version, req, admitted)
     _MERGE.set(entry, (topics, throttle))
     return Forward(bytes(frame[: header.body_offset]) + body, throttle_ms=throttle)
 
 
-def _encoded_answer(key: int, version: int, topics: list[_Topic], upstream: Any, throttle: int) -> bytes:
+def _kept_and_encoded(key: int, version: int, req: Any, admitted: list[Topic]) -> bytes:
+    _keep_only(key, version, req, admitted)
+    return encode_body(req)
+
+
+def _encoded_answer(key: int, version: int, topics: Topics, upstream: Any, throttle: int) -> bytes:
     return encode_body(answers.response(key, version, topics, upstream, throttle))
