@@ -35,8 +35,13 @@ def _find_coordinator_frame(groups: int) -> bytes:
     return encode_response_header(5, True) + encode_body(make(R, 4, throttle_time_ms=0, coordinators=coordinators))
 
 
-def _rewrite(frame: bytes):
-    ctx = filter_context(cluster=SimpleNamespace(brokers={}, advertise=lambda n, h, p: ("proxy.example", 20000 + n)))
+def _rewrite(frame: bytes, advertised: list | None = None):
+    def advertise(n: int, h: str, p: int) -> tuple[str, int]:
+        if advertised is not None:
+            advertised.append((n, h, p))
+        return "proxy.example", 20000 + n
+
+    ctx = filter_context(cluster=SimpleNamespace(brokers={}, advertise=advertise))
     entry = SimpleNamespace(api_key=ApiKey.FIND_COORDINATOR, api_version=4, scan=None)
     return EndpointRewriteFilter().on_response(ctx, entry, frame)
 
@@ -52,7 +57,10 @@ def test_a_big_response_is_rewritten_off_the_loop_into_the_same_bytes(monkeypatc
         return decode(*args)
 
     monkeypatch.setattr(offload, "decode_response", recording)
-    held = _rewrite(frame)
+    import proxy.dataplane.filters.endpoints as module
+    worked = record_off_loop(monkeypatch, module)
+    advertised: list = []
+    held = _rewrite(frame, advertised)
     assert isinstance(held, Hold)
 
     async def resolve():
@@ -60,6 +68,10 @@ def test_a_big_response_is_rewritten_off_the_loop_into_the_same_bytes(monkeypatc
 
     out, loop_thread = asyncio.run(resolve())
     assert decoded_in and loop_thread not in decoded_in
+    # 5,000 coordinators on three brokers: three addresses advertised on the loop, the entries
+    # rewritten in the decode thread.
+    assert sorted(advertised) == [(n, f"b{n}.internal", 9092) for n in (1, 2, 3)]
+    assert worked == ["_addresses", "_rewritten"]
     monkeypatch.setattr(offload, "OFFLOAD_BYTES", 1 << 30)  # the same frame, on the loop
     on_loop = _rewrite(frame)
     assert isinstance(on_loop, bytes) and out == on_loop and b".internal" not in out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from protocol import rewrite
 from protocol.apis import ApiKey
@@ -13,7 +14,7 @@ from protocol.metadata_scan import rewrite_metadata_body
 from protocol.scan import FetchHead, ResponseScan, scan_fetch_response, scan_produce_response
 from protocol.share_scan import scan_share_acknowledge, scan_share_fetch
 from proxy.cluster.metadata_learner import MetadataLearner
-from proxy.cluster.offload import decode_response_off_loop, encode_off_loop, is_big
+from proxy.cluster.offload import decode_response_off_loop, is_big, off_loop
 from proxy.dataplane.filters.api import FilterContext, FilterSpec, Frame, Hold
 from proxy.dataplane.inflight import InFlight
 
@@ -88,5 +89,25 @@ class EndpointRewriteFilter:
     @staticmethod
     async def _rewritten_off_loop(ctx: FilterContext, key: int, version: int, frame: Frame, offset: int) -> bytes:
         resp = await decode_response_off_loop(key, version, memoryview(frame)[offset:])
-        rewrite.ENDPOINT_REWRITERS[key](resp, ctx.cluster.advertise)  # on the loop: it may open listeners
-        return bytes(frame[:offset]) + await encode_off_loop(resp)
+        # Each distinct address is advertised on the loop (it may open a listener), the entries
+        # (a coordinator per group) rewritten and encoded in the decode thread.
+        wanted = await off_loop(_addresses, key, resp)
+        advertised = {address: ctx.cluster.advertise(*address) for address in wanted}
+        return bytes(frame[:offset]) + await off_loop(_rewritten, key, resp, advertised)
+
+
+def _addresses(key: int, resp: Any) -> set[tuple[int, str, int]]:
+    """The (node id, host, port) a response's rewrite advertises, each once."""
+    seen: set[tuple[int, str, int]] = set()
+
+    def note(node_id: int, host: str, port: int) -> tuple[str, int]:
+        seen.add((node_id, host, port))
+        return host, port
+
+    rewrite.ENDPOINT_REWRITERS[key](resp, note)
+    return seen
+
+
+def _rewritten(key: int, resp: Any, advertised: dict[tuple[int, str, int], tuple[str, int]]) -> bytes:
+    rewrite.ENDPOINT_REWRITERS[key](resp, lambda node_id, host, port: advertised[(node_id, host, port)])
+    return encode_body(resp)
