@@ -164,3 +164,15 @@ def test_a_request_filled_while_a_throttle_holds_the_connection_waits_its_turn(m
     seen_after_first, released = asyncio.run(go())
     assert [f[4:8] for f in seen_after_first] == [struct.pack(">i", 1)]
     assert [f[4:8] for f in released] == [struct.pack(">i", 2)]
+
+
+def test_a_frame_kept_past_its_callback_is_copied_only_when_it_is_not_immutable_or_the_proxys_own():
+    """A request deferred or held keeps its frame: a 100 MB copy would hold the loop tens of ms."""
+    from array import array
+
+    from proxy.dataplane.requests import _kept
+
+    whole, view, own = b"abc", memoryview(b"xyz")[1:], memoryview(bytearray(b"own"))
+    assert _kept(whole) is whole and _kept(view) is view and _kept(own) is own
+    foreign = memoryview(array("b", [1, 2]))  # another object's buffer, which it may change
+    assert type(_kept(foreign)) is bytes and _kept(foreign) == b"\x01\x02"
