@@ -17,6 +17,7 @@ from kafka.protocol.metadata import MetadataRequest
 from protocol.apis import SPECS, ApiKey
 from proxy.cluster.brokers import Cluster
 from proxy.cluster.dialer import BrokerDialer, OwnConnection
+from proxy.cluster.offload import off_loop
 from proxy.observability.stats import ProxyStats
 
 log = logging.getLogger(__name__)
@@ -57,7 +58,7 @@ async def fetch_topic_metadata(dialer: BrokerDialer, address: tuple[str, int], n
 async def topic_metadata(conn: OwnConnection, names: list[str], ids: list[uuid.UUID]) -> Any:
     """The MetadataResponse for the given topic names and ids, asked on an open connection
     (never creating a topic)."""
-    return await conn.round_trip(_topics_request(conn, names, ids), big=len(names) + len(ids) > BIG_TOPIC_LIST)
+    return await conn.round_trip(await _topics_request(conn, names, ids), big=len(names) + len(ids) > BIG_TOPIC_LIST)
 
 
 async def fetch_topic_metadata_body(dialer: BrokerDialer, address: tuple[str, int], names: list[str],
@@ -65,12 +66,20 @@ async def fetch_topic_metadata_body(dialer: BrokerDialer, address: tuple[str, in
     """The MetadataResponse body for the given topic names and ids, not decoded, with its
     version: for protocol.metadata_scan, when the topics may be many."""
     async with await dialer.open(address, timeout_s) as conn, asyncio.timeout(timeout_s):
-        request = _topics_request(conn, names, ids)
+        request = await _topics_request(conn, names, ids)
         return await conn.round_trip_body(request, big=len(names) + len(ids) > BIG_TOPIC_LIST), request.API_VERSION
 
 
-def _topics_request(conn: OwnConnection, names: list[str], ids: list[uuid.UUID]) -> Any:
+async def _topics_request(conn: OwnConnection, names: list[str], ids: list[uuid.UUID]) -> Any:
+    """The Metadata request for these topics; made in the decode thread when they are many
+    (about 0.8 µs a topic), as it is encoded there."""
     version = min(conn.api_versions.get(ApiKey.METADATA, (0, 0))[1], SPECS[ApiKey.METADATA].max_version)
+    if len(names) + len(ids) > BIG_TOPIC_LIST:
+        return await off_loop(_metadata_request, version, names, ids)
+    return _metadata_request(version, names, ids)
+
+
+def _metadata_request(version: int, names: list[str], ids: list[uuid.UUID]) -> Any:
     T = MetadataRequest[version].MetadataRequestTopic
     topics = [T(name=n, topic_id=uuid.UUID(int=0)) for n in names]
     if ids and version >= 10:
