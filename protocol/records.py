@@ -184,7 +184,7 @@ def _scan_produce(buf: Buffer, pos: int, version: int, step: int) -> Iterator[Pr
                 in_step += 1
                 if end - pos < V2_HEADER_BYTES or buf[pos + 16] != 2:  # legacy or short: the slow path
                     tally = [batches, records, in_step]
-                    yield from _legacy_batches(buf, pos, end, step, tally)
+                    yield from counted_batches(buf, pos, end, step, tally)
                     batches, records, in_step = tally
                     break
                 length = _INT32.unpack_from(buf, pos + 8)[0]
@@ -222,16 +222,19 @@ def _produce_topic(buf: Buffer, pos: int, version: int, flexible: bool) -> tuple
     return bytes(buf[pos : pos + n]).decode("utf-8", "replace"), pos + n
 
 
-def _legacy_batches(buf: Buffer, pos: int, end: int, step: int, tally: list[int]) -> Iterator[None]:
-    """Adds a legacy (or short) record set's batches and records to ``tally`` ([batches,
-    records, entries since the last pause]), pausing every ``step`` entries."""
-    for b in batch_headers(buf, pos, end):
+def counted_batches(buf: Buffer, pos: int, end: int, step: int, tally: list[int],
+                    fetched: bool = False) -> Iterator[None]:
+    """Adds a record set's batches and records to ``tally`` ([batches, records, entries since the
+    last pause]), pausing every ``step`` entries; ``fetched``: as a consumer is handed them (a
+    batch cut short at the end dropped, control batches not counted)."""
+    for b in batch_headers(buf, pos, end, partial_tail=fetched):
         if tally[2] >= step:
             yield None
             tally[2] = 0
         tally[2] += 1
-        tally[0] += 1
-        tally[1] += b.record_count
+        if not (fetched and b.is_control):
+            tally[0] += 1
+            tally[1] += b.record_count
 
 
 class FetchRecords(NamedTuple):
@@ -292,14 +295,9 @@ def _count_fetch(buf: Buffer, version: int, step: int) -> Iterator[FetchRecords 
                 end = pos + n
                 if end > size:
                     raise RecordsError(f"record set of {n} bytes at {pos} runs past the response")
-                for b in batch_headers(buf, pos, end, partial_tail=True):
-                    if in_step >= step:
-                        yield None
-                        in_step = 0
-                    in_step += 1
-                    if not b.is_control:
-                        batches += 1
-                        records += b.record_count
+                tally = [batches, records, in_step]
+                yield from counted_batches(buf, pos, end, step, tally, fetched=True)
+                batches, records, in_step = tally
                 pos = end
             if flexible:
                 pos = skip_tagged_fields(buf, pos)

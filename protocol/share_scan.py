@@ -16,7 +16,7 @@ from typing import NamedTuple
 from .apis import ApiKey
 from .frames import Buffer
 from .headers import read_uvarint, skip_tagged_fields
-from .records import FetchRecords, RecordsError, batch_headers
+from .records import FetchRecords, RecordsError, counted_batches
 from .scan import _SHORT, ResponseScan, ScanError
 
 _INT16 = Struct(">h")
@@ -112,14 +112,9 @@ def _scan_share_fetch(body: Buffer, version: int, step: int) -> Iterator[ShareFe
             pos = skip_tagged_fields(body, pos + 8)  # CurrentLeader: leader id, epoch
             size, pos = _compact_len(body, pos)
             if size > 0:
-                for b in batch_headers(body, pos, pos + size, partial_tail=True):
-                    if in_step >= step:
-                        yield None
-                        in_step = 0
-                    in_step += 1
-                    if not b.is_control:
-                        batches += 1
-                        in_batches += b.record_count
+                tally = [batches, in_batches, in_step]
+                yield from counted_batches(body, pos, pos + size, step, tally, fetched=True)
+                batches, in_batches, in_step = tally
                 pos += size
             ranges, pos = _compact_len(body, pos)
             for _ in range(max(ranges, 0)):

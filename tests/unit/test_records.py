@@ -23,6 +23,7 @@ from protocol.records import (
     scan_produce_steps,
 )
 from tests.support.kafka_messages import make
+from tests.support.steps import run_steps
 
 # kafka-python builds gzip without extra packages; the golden frames cover the other codecs.
 NONE, GZIP = 0, 1
@@ -203,16 +204,7 @@ def test_every_truncation_of_a_fetch_response_is_reported(version):
 
 def _steps(frame: bytes, version: int, step: int) -> tuple[int, object]:
     """(how many steps yielded None, the scan or the RecordsError's message) of scan_produce_steps."""
-    pauses = 0
-    try:
-        for result in scan_produce_steps(frame, parse_request_header(frame).body_offset, version, step):
-            if result is None:
-                pauses += 1
-            else:
-                return pauses, result
-    except RecordsError as exc:
-        return pauses, str(exc)
-    raise AssertionError("no result")
+    return run_steps(scan_produce_steps(frame, parse_request_header(frame).body_offset, version, step))
 
 
 @settings(max_examples=100, deadline=None)
@@ -267,15 +259,7 @@ def test_a_fetch_count_in_steps_gives_the_one_piece_count_and_errors(version, st
             whole: object = count_fetch_records(data, version)
         except RecordsError as exc:
             whole = str(exc)
-        pauses, stepped = 0, None
-        try:
-            for result in count_fetch_steps(data, version, step):
-                if result is None:
-                    pauses += 1
-                else:
-                    stepped = result
-        except RecordsError as exc:
-            stepped = str(exc)
+        pauses, stepped = run_steps(count_fetch_steps(data, version, step))
         assert stepped == whole
         if cut == 0:
             assert pauses == (2 + 3 - 1) // step  # two partitions, three batches
