@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from struct import Struct
 from struct import error as StructError
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from .errors import ProtocolError
 from .frames import Buffer
@@ -127,10 +127,7 @@ def scan_produce_request(frame: Buffer, body_offset: int, api_version: int) -> P
 
     Raises :class:`RecordsError` for a body or record set that does not match its schema.
     """
-    for scan in scan_produce_steps(frame, body_offset, api_version, _ALL):
-        if scan is not None:
-            return scan
-    raise AssertionError("a produce scan ends with its result")  # pragma: no cover
+    return all_steps(scan_produce_steps(frame, body_offset, api_version, ALL_ENTRIES))
 
 
 def scan_produce_steps(frame: Buffer, body_offset: int, api_version: int,
@@ -146,7 +143,16 @@ def scan_produce_steps(frame: Buffer, body_offset: int, api_version: int,
         raise RecordsError(f"malformed ProduceRequest v{api_version}: {exc}") from exc
 
 
-_ALL = 2**62
+ALL_ENTRIES = 2**62  # a step size that takes a scan in one step
+_R = TypeVar("_R")
+
+
+def all_steps(steps: Iterator[_R | None]) -> _R:
+    """The result of a scan made in steps (``*_steps``), every step taken at once."""
+    for result in steps:
+        if result is not None:
+            return result
+    raise AssertionError("a scan in steps ends with its result")  # pragma: no cover
 
 
 def _scan_produce(buf: Buffer, pos: int, version: int, step: int) -> Iterator[ProduceScan | None]:
@@ -249,10 +255,7 @@ def count_fetch_records(body: Buffer, api_version: int) -> FetchRecords:
 
     A batch cut short at the end of a partition's records is not counted: the consumer drops it.
     """
-    for counted in count_fetch_steps(body, api_version, _ALL):
-        if counted is not None:
-            return counted
-    raise AssertionError("a fetch count ends with its result")  # pragma: no cover
+    return all_steps(count_fetch_steps(body, api_version, ALL_ENTRIES))
 
 
 def count_fetch_steps(body: Buffer, api_version: int, entries_per_step: int) -> Iterator[FetchRecords | None]:

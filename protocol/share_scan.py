@@ -16,7 +16,7 @@ from typing import NamedTuple
 from .apis import ApiKey
 from .frames import Buffer
 from .headers import read_uvarint, skip_tagged_fields
-from .records import FetchRecords, RecordsError, counted_batches
+from .records import ALL_ENTRIES, FetchRecords, RecordsError, all_steps, counted_batches
 from .scan import _SHORT, ResponseScan, ScanError
 
 _INT16 = Struct(">h")
@@ -76,10 +76,7 @@ def scan_share_fetch(body: Buffer, version: int) -> ShareFetchBody:
     """ShareFetchResponse v0+: partition error codes, NodeEndpoints entries, and the records
     delivered. Raises :class:`~protocol.scan.ScanError` for a body that does not match the
     schema (:class:`~protocol.records.RecordsError` for record batches that do not add up)."""
-    for scanned in scan_share_fetch_steps(body, version, 2**62):
-        if scanned is not None:
-            return scanned
-    raise AssertionError("a share fetch scan ends with its result")  # pragma: no cover
+    return all_steps(scan_share_fetch_steps(body, version, ALL_ENTRIES))
 
 
 def scan_share_fetch_steps(body: Buffer, version: int, entries_per_step: int) -> Iterator[ShareFetchBody | None]:

@@ -11,7 +11,7 @@ from typing import TypeVar
 from protocol.apis import ApiKey
 from protocol.errors import ProtocolError
 from protocol.headers import RequestHeader, response_body_offset
-from protocol.records import FetchRecords, ProduceScan, RecordsError, count_fetch_steps, scan_produce_steps
+from protocol.records import ALL_ENTRIES, FetchRecords, ProduceScan, RecordsError, count_fetch_steps, scan_produce_steps
 from protocol.share_scan import ShareFetchBody, scan_share_fetch_steps
 from proxy.dataplane.filters.api import Defer, FilterContext, FilterSpec, Frame, Hold, checked_spec
 from proxy.dataplane.inflight import InFlight
@@ -32,7 +32,7 @@ def produce_scan(ctx: FilterContext, header: RequestHeader, frame: Frame, entry:
     scan = entry.produce
     if scan is not None or header.body_offset < 0:
         return scan or None
-    steps = scan_produce_steps(frame, header.body_offset, header.api_version, _ALL_ENTRIES)
+    steps = scan_produce_steps(frame, header.body_offset, header.api_version, ALL_ENTRIES)
     _step(ctx, header, entry, steps)
     return entry.produce or None
 
@@ -55,7 +55,6 @@ def _step(ctx: FilterContext, header: RequestHeader, entry: InFlight, steps: Ite
     return True
 
 
-_ALL_ENTRIES = 2**62
 SCAN_SLICE_ENTRIES = 2_000  # partitions and batches: about 2.5 ms of the loop a slice
 
 
@@ -99,7 +98,7 @@ def count_fetched(ctx: FilterContext, entry: InFlight, frame: Frame) -> bool:
     as it is, uncounted and uncharged.
     """
     if entry.records is None:
-        _count_step(ctx, entry, _count_steps(entry, frame, _ALL_ENTRIES))
+        _count_step(ctx, entry, _count_steps(entry, frame, ALL_ENTRIES))
     return not entry.records_unreadable
 
 
