@@ -32,7 +32,7 @@ def _uninitialized_bytearray() -> Callable[[int], bytearray]:
     return lambda size: make(None, size)
 
 
-_new_buffer = _uninitialized_bytearray()
+new_buffer = _uninitialized_bytearray()
 
 # The bytes-like objects the protocol readers take: frames, bodies and slices of them.
 Buffer = bytes | bytearray | memoryview
@@ -64,7 +64,8 @@ class FrameReader:
     chunk, valid until the caller drops it.
     """
 
-    __slots__ = ("max_frame_bytes", "idle", "frames_started", "_parts", "_buf", "_have", "_need", "_size_prefix")
+    __slots__ = ("max_frame_bytes", "idle", "frames_started", "_parts", "_buf", "_have", "_need", "_size_prefix",
+                 "_keep")
 
     def __init__(self, max_frame_bytes: int) -> None:
         self.max_frame_bytes = max_frame_bytes
@@ -77,6 +78,12 @@ class FrameReader:
         # Frames that did not arrive whole in one chunk (size prefix included), counted when
         # they start: tells a frame that stays unfinished from frames each finished in time.
         self.frames_started = 0
+        self._keep = False  # the chunk being fed may be kept by reference (see feed)
+
+    @property
+    def filling(self) -> bool:
+        """Whether the frame being read has a buffer of its own (:meth:`fill_buffer`)."""
+        return self._buf is not None
 
     @property
     def buffered_bytes(self) -> int:
@@ -115,6 +122,10 @@ class FrameReader:
     def feed(self, data: bytes | bytearray | memoryview) -> list[memoryview | bytes]:
         """Consumes ``data``; returns the frames it completed, in order.
 
+        ``data`` given as bytes, or as a view of memory nothing writes to again (the proxy's
+        own reads, proxy.dataplane.reads), may be kept by reference, in frames and in the parts
+        of one still arriving; a bytearray is copied from.
+
         Raises :class:`FrameError` for a negative size or one above ``max_frame_bytes``; the
         frames completed before the bad size are on the exception.
         """
@@ -124,6 +135,7 @@ class FrameReader:
             if size == len(data) - 4 and size <= self.max_frame_bytes:
                 return [memoryview(data)[4:]]
         frames: list[memoryview | bytes] = []
+        self._keep = type(data) is not bytearray
         try:
             self._feed(memoryview(data), frames)
         except FrameError as exc:
@@ -152,9 +164,9 @@ class FrameReader:
             self._have += take
             pos = take
             if self._need:
-                # A whole chunk is kept as the object it came in; a chunk that is not ours to
-                # keep is copied.
-                self._parts.append(view.obj if take == end and type(view.obj) is bytes else bytes(view[:take]))
+                # A chunk that is ours to keep is kept as it came (a quarter of what it holds at
+                # least); else it is copied.
+                self._parts.append(view if self._keep and end * 4 >= held_bytes(view) else bytes(view))
                 self._maybe_contiguous()
                 return
             # The frame ends in this chunk: its last part is copied once, by the join.
@@ -203,11 +215,13 @@ class FrameReader:
         if not started:
             self.frames_started += 1
         if size >= CONTIGUOUS_MIN_BYTES and have * 4 >= size:
-            buf = self._buf = _new_buffer(size)  # every byte is written before the frame is returned
+            buf = self._buf = new_buffer(size)  # every byte is written before the frame is returned
             buf[:have] = view[pos:end]
-        elif pos < _KEEP_SLICE_BYTES and end == len(view) and type(view.obj) is bytes:
-            # The frame takes (nearly) all of an immutable chunk: a slice of it keeps little
-            # that is not this frame's, and saves a copy.
+        elif self._keep and end == len(view) and (
+            pos < _KEEP_SLICE_BYTES if type(view.obj) is bytes else have * 4 >= held_bytes(view)
+        ):
+            # The frame takes (nearly) all of an immutable chunk, or a quarter of the buffer of
+            # a long read: a slice of it saves a copy and holds at most four times its bytes.
             self._parts = [view[pos:end]]
         else:
             self._parts = [bytes(view[pos:end])]
@@ -219,7 +233,7 @@ class FrameReader:
         have = self._have
         size = have + self._need
         if size >= CONTIGUOUS_MIN_BYTES and have * 4 >= size and self._parts is not None:
-            buf = _new_buffer(size)  # every byte is written before the frame is returned
+            buf = new_buffer(size)  # every byte is written before the frame is returned
             at = 0
             for part in self._parts:
                 buf[at : at + len(part)] = part
@@ -231,6 +245,12 @@ class FrameReader:
         assert buf is not None  # called when the buffer's frame is complete
         self._buf = None
         return memoryview(buf)
+
+
+def held_bytes(view: memoryview) -> int:
+    """The bytes a view keeps alive: the whole object it is a view of."""
+    obj = view.obj
+    return len(obj) if isinstance(obj, (bytes, bytearray)) else view.nbytes
 
 
 def frame(payload: bytes | bytearray | memoryview) -> bytes:

@@ -41,7 +41,7 @@ def produce_acks(frame: Buffer, body_offset: int, api_version: int) -> int:
     return acks
 
 
-def framed_acks_not_zero(data: bytes, pos: int, version: int) -> bool:
+def framed_acks_not_zero(data: Buffer, pos: int, version: int) -> bool:
     """Whether a Produce frame (with its size prefix; its first chunk is enough), whose request
     header ends at the client id at ``pos``, has an acks other than 0. False too when it cannot
     tell (header tagged fields, cut short, a bad varint): the caller then parses it in full."""

@@ -23,17 +23,17 @@ from struct import Struct
 from typing import cast
 
 from protocol.apis import ApiKey
-from protocol.frames import FrameError, FrameReader
+from protocol.frames import Buffer, FrameError, FrameReader
 from protocol.headers import request_head
 from protocol.produce import framed_acks_not_zero
 from proxy.dataplane.closed import CLOSED
 from proxy.dataplane.environment import ConnectionEnv
-from proxy.dataplane.fill import lend_for_fill
 from proxy.dataplane.filters.api import FilterContext
 from proxy.dataplane.flow import ChannelMute, ReadGate
 from proxy.dataplane.guard import Deadlines
 from proxy.dataplane.inflight import Frame, InFlight
 from proxy.dataplane.raw_sasl import RawSasl
+from proxy.dataplane.reads import OwnReads
 from proxy.dataplane.requests import RequestSide
 from proxy.dataplane.response_queue import ResponseQueue, write
 from proxy.dataplane.routes import ASSEMBLED, plan_route
@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 _PRODUCE = int(ApiKey.PRODUCE)
 
 
-class ClientConnection(asyncio.Protocol):
+class ClientConnection(OwnReads):
     """The client side of a proxied connection (see the module docstring): its transport, the
     hot path, the broker connection it opens with the first request forwarded (``upstream``),
     the guard's deadlines, and closing. ``ctx`` is what its filters see of it; ``requests``
@@ -60,7 +60,7 @@ class ClientConnection(asyncio.Protocol):
     __slots__ = (
         "env", "chain", "stats", "ctx", "queue", "raw_sasl", "requests", "transport", "gate",
         "channel_mute", "upstream", "closed", "_reader", "_unsent", "_connect_task", "_hot_head", "_through",
-        "_accept_timer", "_ip", "_active", "deadlines", "_pool_bytes", "_admitted_by",
+        "_accept_timer", "_ip", "_active", "deadlines", "_pool_bytes", "_admitted_by", "_reads",
     )
 
     def __init__(self, env: ConnectionEnv, node_id: int | None) -> None:
@@ -77,6 +77,7 @@ class ClientConnection(asyncio.Protocol):
         self.upstream: UpstreamConnection | None = None
         self.closed = False
         self._reader = FrameReader(env.max_frame_bytes)
+        self._reads = env.reads
         self._unsent: list[bytes] = []  # frames for the broker before its connection is up
         self._connect_task: asyncio.Task[None] | None = None
         # While the hot path may run (see _arm): the request head that ends with the last client
@@ -193,7 +194,7 @@ class ClientConnection(asyncio.Protocol):
         # The broker connection is opened when the first request is forwarded (send_upstream):
         # an idle or half-open client costs the brokers nothing.
 
-    def data_received(self, data: bytes) -> None:
+    def data_received(self, data: Buffer) -> None:
         self._active = True
         n = len(data)
         through = self._through
@@ -213,7 +214,7 @@ class ClientConnection(asyncio.Protocol):
             data = data[through:]  # the next request(s) begin in this chunk
             n = len(data)
         head = self._hot_head  # None unless armed (see _arm)
-        if head is not None and n >= head.size and type(data) is bytes:
+        if head is not None and n >= head.size and type(data) is not bytearray:
             # The hot path: one request (whole in this chunk, or starting it and no more), of a
             # known API, from the client id of the last request parsed in full, at a version no
             # request filter looks at, and not an acks=0 Produce. The very bytes that came in go
@@ -244,11 +245,9 @@ class ClientConnection(asyncio.Protocol):
         except FrameError as exc:
             frames, bad_frame = exc.frames, exc
         self._take(frames, bad_frame)
-        if not self.closed:
-            lend_for_fill(self.transport, self, self._reader)  # the rest of a large request
 
     def filled(self, nbytes: int, frame: memoryview | None) -> None:
-        """``nbytes`` of a large request were read into its buffer (proxy.dataplane.fill),
+        """``nbytes`` of a large request were read into its buffer (proxy.dataplane.reads),
         completing it when ``frame`` is given."""
         self._active = True
         self.stats.bytes_client_to_upstream += nbytes

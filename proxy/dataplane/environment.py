@@ -10,7 +10,7 @@ through ``listener_tls`` at each accept.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from config.model import UpstreamConfig
@@ -19,6 +19,7 @@ from proxy.cluster.leaders import LeaderCache
 from proxy.cluster.topics import TopicCache
 from proxy.dataplane.filters.chain import FilterChain
 from proxy.dataplane.guard import ConnectionGuard, Swept
+from proxy.dataplane.reads import ReadBuffer
 from proxy.identity.tls import ServerTls
 from proxy.observability.stats import ProxyStats
 from proxy.observability.usage_log import UsageLog
@@ -49,3 +50,4 @@ class ConnectionEnv:
     max_frame_bytes: int  # listen.max_frame_bytes: the largest request frame read from a client
     connections: set[Served]  # the served connections: each adds itself, and leaves when closed
     listener_tls: Callable[[], ServerTls | None]  # the listener's TLS in force, None for plaintext
+    reads: ReadBuffer = field(default_factory=ReadBuffer)  # what its connections read into (one event loop's)

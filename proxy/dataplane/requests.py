@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from protocol.apis import ApiKey, api_name
 from protocol.errors import ProtocolError
-from protocol.frames import FrameError
+from protocol.frames import FrameError, held_bytes
 from protocol.headers import HeaderError, RequestHeader, parse_request_header
 from protocol.produce import produce_acks
 from proxy.dataplane.filters.api import Answer, Close, Defer, FilterContractError, Forward
@@ -280,9 +280,12 @@ class RequestSide:
 
 def _kept(frame: Frame) -> Frame:
     """``frame``, to keep past the callback it came in: as it is when it is immutable bytes or a
-    view of them, or of a buffer of the proxy's own (a large frame's, never reused); else a copy
-    (a 100 MB copy holds the loop tens of ms)."""
-    if type(frame) is bytes or (type(frame) is memoryview and type(frame.obj) in (bytes, bytearray)):
+    view of them, or of a buffer of the proxy's own (a large frame's or a read's, never
+    reused) that it is a quarter of at least; else a copy (a 100 MB copy holds the loop tens
+    of ms, and a small frame need not keep a read of a megabyte alive)."""
+    if type(frame) is bytes or (
+        type(frame) is memoryview and type(frame.obj) in (bytes, bytearray) and len(frame) * 4 >= held_bytes(frame)
+    ):
         return frame
     return bytes(frame)
 

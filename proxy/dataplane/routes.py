@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from protocol.apis import ApiKey
+from protocol.frames import Buffer
 from protocol.headers import response_body_offset
 from protocol.scan import scan_fetch_head, scan_fetch_tail
 
@@ -84,7 +85,7 @@ class StreamRoute:
     def __call__(self, ctx: FilterContext, entry: InFlight, chunk: bytes) -> None:
         return None
 
-    def hold_from(self, ctx: FilterContext, entry: InFlight, chunk: bytes, size: int) -> int | None:
+    def hold_from(self, ctx: FilterContext, entry: InFlight, chunk: Buffer, size: int) -> int | None:
         """For the first ``chunk`` of a response of ``size`` bytes (size prefix excluded; the
         chunk has it): the offset, counted from the chunk's first byte, where the tail the
         filters must see before it is sent starts; None: the response is assembled instead."""

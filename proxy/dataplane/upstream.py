@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, Protocol, cast
 
 from protocol.apis import api_name
 from protocol.errors import ProtocolError
-from protocol.frames import FrameError, FrameReader
-from proxy.dataplane.fill import lend_for_fill
+from protocol.frames import Buffer, FrameError, FrameReader
 from proxy.dataplane.filters.api import FilterContractError
 from proxy.dataplane.filters.chain import UNFILTERED
 from proxy.dataplane.inflight import Frame, InFlight
+from proxy.dataplane.reads import OwnReads
 from proxy.dataplane.response_queue import UnexpectedResponse
 from proxy.dataplane.routes import AS_READ, StreamRoute
 
@@ -155,11 +155,11 @@ def upstream_failed(client: UpstreamClient, reason: str) -> None:
     client.close()
 
 
-class UpstreamConnection(asyncio.Protocol):
+class UpstreamConnection(OwnReads):
     """The broker side of one client connection: frames responses back to it."""
 
     __slots__ = ("client", "queue", "transport", "_reader", "_through", "_streaming_size", "_tail", "_tail_route",
-                 "_unheld")
+                 "_unheld", "_reads")
 
     def __init__(self, client: UpstreamClient) -> None:
         self.client = client
@@ -167,6 +167,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         # Responses are bounded by what the client asked for; the client limit applies too.
         self._reader = FrameReader(2**31 - 1)
+        self._reads = client.env.reads
         # A response longer than the chunk it started in that goes back as it came is streamed
         # (see _stream): the bytes of it still to come, and its size without the size prefix.
         self._through = 0
@@ -182,7 +183,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.transport = stream = cast(asyncio.Transport, transport)  # a TCP connection's (uvloop's or asyncio's)
         tune(stream)
 
-    def data_received(self, data: bytes) -> None:
+    def data_received(self, data: Buffer) -> None:
         if self._through:
             rest = self._stream(data)
             if rest is None:
@@ -191,7 +192,7 @@ class UpstreamConnection(asyncio.Protocol):
         queue = self.queue
         awaiting = queue.awaiting
         n = len(data)
-        if n >= 8 and awaiting and self._reader.idle and type(data) is bytes:
+        if n >= 8 and awaiting and self._reader.idle and type(data) is not bytearray:
             size, correlation_id = _RESPONSE_HEAD.unpack_from(data)
             entry = awaiting[0]
             transport = queue.transport  # None once the client's connection closed
@@ -244,10 +245,9 @@ class UpstreamConnection(asyncio.Protocol):
             except Exception as exc:
                 response_failed(client, exc)
                 return
-        lend_for_fill(self.transport, self, self._reader)  # the rest of a large response
 
     def filled(self, nbytes: int, frame: memoryview | None) -> None:
-        """``nbytes`` of a large response were read into its buffer (proxy.dataplane.fill),
+        """``nbytes`` of a large response were read into its buffer (proxy.dataplane.reads),
         completing it when ``frame`` is given."""
         if frame is None or self.client.closed:
             return
@@ -277,7 +277,7 @@ class UpstreamConnection(asyncio.Protocol):
         else:
             self.queue.respond(entry, frame, client.chain.response.get(entry.api_key, UNFILTERED)[1])
 
-    def _start_stream(self, entry: InFlight, data: bytes, size: int, route: StreamRoute | None = None,
+    def _start_stream(self, entry: InFlight, data: Buffer, size: int, route: StreamRoute | None = None,
                       hold_from: int = 0) -> None:
         """Writes the first chunk of a response that goes back as it came and is longer than
         the chunk: the rest follows as it arrives, never assembled into a frame. Its entry
@@ -301,7 +301,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._through = size + 4 - n
         self._streaming_size = size
 
-    def _stream(self, data: bytes) -> bytes | None:
+    def _stream(self, data: Buffer) -> Buffer | None:
         """Writes the part of ``data`` that belongs to the response being streamed. Returns
         what follows it (the next responses), or None when nothing does."""
         queue = self.queue
@@ -310,7 +310,7 @@ class UpstreamConnection(asyncio.Protocol):
         transport = queue.transport
         if transport is None:
             return None  # and whatever follows: nothing from this broker is read as a frame
-        if type(data) is not bytes:
+        if isinstance(data, bytearray):
             data = bytes(data)  # a chunk that is not ours to keep
         try:
             self._through = max(through - n, 0)
@@ -328,7 +328,7 @@ class UpstreamConnection(asyncio.Protocol):
             return None
         return data[through:] if n > through and queue.transport is not None else None
 
-    def _stream_held(self, transport: asyncio.Transport, part: bytes, last: bool) -> None:
+    def _stream_held(self, transport: asyncio.Transport, part: Buffer, last: bool) -> None:
         """The next ``part`` of a streamed response whose tail is held back (see
         _start_stream); ``last``: it ends the response. The tail goes once every filter
         accepts it unchanged; otherwise the client's connection is closed (the response's size
@@ -357,7 +357,7 @@ class UpstreamConnection(asyncio.Protocol):
                       api_name(entry.api_key), entry.api_version, self.client.ctx.label)
             self.client.close()
             return
-        transport.write(part[:unheld] + tail if unheld else tail)
+        transport.write(bytes(part[:unheld]) + tail if unheld else tail)
         queue.head_written(self._streaming_size)  # its last byte is out
 
     def pause_writing(self) -> None:  # the broker reads slower than the client sends

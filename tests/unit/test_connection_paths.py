@@ -71,7 +71,7 @@ class Wire:
 
     def deliver(self, owner, data: bytes) -> None:
         """Hands ``data`` to whichever protocol reads this transport now, as a loop does: a
-        FrameFill lent the transport (proxy.dataplane.fill) gets what its buffer takes."""
+        BufferedProtocol (proxy.dataplane.reads) gets what each buffer it gives takes."""
         pos = 0
         while pos < len(data):
             protocol = getattr(self, "protocol", None) or owner

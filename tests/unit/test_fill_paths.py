@@ -1,11 +1,11 @@
-"""Large frames that filters must see whole are read into their buffers (proxy.dataplane.fill),
-and nothing else changes: the bytes each side gets, their order and the counts are those of
-the same frames read chunk by chunk.
+"""Sockets read into the proxy's own buffers, large frames that filters must see whole into
+theirs (proxy.dataplane.reads), and nothing else changes: the bytes each side gets, their order
+and the counts are those of the same frames handed over chunk by chunk (``data_received``).
 
 With a quota of every kind on every client (never reached), a Produce request and a Fetch
 response are assembled for their filters. The connection is driven in process with recording
-transports (tests.unit.test_connection_paths.Wire, whose ``deliver`` hands bytes to a FrameFill
-while one is lent the transport, as an event loop does); the broker is played by the test.
+transports (tests.unit.test_connection_paths.Wire, whose ``deliver`` reads into the buffer the
+protocol gives, as an event loop does); the broker is played by the test.
 """
 
 from __future__ import annotations
@@ -23,11 +23,10 @@ from kafka.record.memory_records import MemoryRecordsBuilder
 from bench.run import QUOTAS_NOT_EXCEEDED
 from protocol.frames import CONTIGUOUS_MIN_BYTES
 from protocol.messages import encode_body
-from proxy.dataplane import connection, upstream
-from proxy.dataplane.fill import FrameFill
+from proxy.dataplane.connection import ClientConnection, UpstreamConnection
 from proxy.dataplane.requests import RequestSide
 from tests.support.kafka_messages import make
-from tests.unit.test_connection_paths import BASE, Pair, outcome, request
+from tests.unit.test_connection_paths import BASE, Pair, Wire, outcome, request
 
 QUOTAS = {**BASE, **yaml.safe_load(QUOTAS_NOT_EXCEEDED)}
 FETCH_VERSION = 12
@@ -94,26 +93,25 @@ def _cuts(data: bytes, rng: random.Random) -> list[bytes]:
     return out
 
 
-def exchange(lend: bool, seed: int, monkeypatch: pytest.MonkeyPatch) -> tuple[Pair, int]:
+def exchange(own_reads: bool, seed: int, monkeypatch: pytest.MonkeyPatch) -> tuple[Pair, int]:
     """Five Produce requests and five Fetches, pipelined in chunks cut at random; the broker's
-    answers likewise. Returns the pair and how many times a transport was lent to a FrameFill."""
-    if not lend:
-        monkeypatch.setattr(connection, "lend_for_fill", lambda *a: False)
-        monkeypatch.setattr(upstream, "lend_for_fill", lambda *a: False)
-    lent = 0
+    answers likewise. Returns the pair and how many frames were completed by a read into their
+    own buffer."""
+    if not own_reads:
+        monkeypatch.setattr(Wire, "deliver", lambda self, owner, data: owner.data_received(bytes(data)))
+    filled = 0
+    for cls in (ClientConnection, UpstreamConnection):
+        plain = cls.filled
+
+        def counting(self, nbytes, frame, plain=plain) -> None:
+            nonlocal filled
+            filled += frame is not None
+            plain(self, nbytes, frame)
+
+        monkeypatch.setattr(cls, "filled", counting)
 
     async def go() -> Pair:
-        nonlocal lent
         pair = Pair(QUOTAS)
-        for wire in (pair.client, pair.broker):
-            plain = wire.set_protocol
-
-            def counting(protocol, plain=plain) -> None:
-                nonlocal lent
-                lent += isinstance(protocol, FrameFill)
-                plain(protocol)
-
-            wire.set_protocol = counting
         rng = random.Random(seed)
         requests = [produce_request(i) if i % 2 else fetch_request(i) for i in range(1, 11)]
         for chunk in _cuts(b"".join(requests), rng):
@@ -125,7 +123,7 @@ def exchange(lend: bool, seed: int, monkeypatch: pytest.MonkeyPatch) -> tuple[Pa
 
     pair = asyncio.run(go())
     monkeypatch.undo()
-    return pair, lent
+    return pair, filled
 
 
 def _outcome(pair: Pair) -> dict:
@@ -134,11 +132,11 @@ def _outcome(pair: Pair) -> dict:
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3, 4])
-def test_filled_frames_give_the_same_bytes_order_and_counts(seed, monkeypatch):
+def test_own_reads_give_the_same_bytes_order_and_counts(seed, monkeypatch):
     assert len(RECORDS) > 4 * CONTIGUOUS_MIN_BYTES
-    reference, lent_before = exchange(False, seed, monkeypatch)
-    filled, lent = exchange(True, seed, monkeypatch)
-    assert lent_before == 0 and lent >= 5  # requests and responses were read into their buffers
+    reference, filled_before = exchange(False, seed, monkeypatch)
+    filled, filled_frames = exchange(True, seed, monkeypatch)
+    assert filled_before == 0 and filled_frames >= 5  # requests and responses were read into their buffers
     expected = _outcome(reference)
     assert expected["owed"] == 0 and not expected["closed"] and not expected["scan_failures"]
     assert expected["to_broker"].count(RECORDS) == 5 and expected["to_client"].count(RECORDS) == 5
@@ -154,7 +152,7 @@ def test_a_request_filled_while_a_throttle_holds_the_connection_waits_its_turn(m
         seen_after_first = pair.requests_seen_by_broker()
         monkeypatch.setattr(RequestSide, "wait", lambda self: True)  # as while a throttle holds it
         pair.client.deliver(pair.conn, second[:200_000])
-        assert isinstance(pair.client.protocol, FrameFill)
+        assert pair.conn._reader.filling
         pair.client.deliver(pair.conn, second[200_000:])
         held = len(pair.requests_seen_by_broker())
         monkeypatch.undo()
@@ -166,7 +164,7 @@ def test_a_request_filled_while_a_throttle_holds_the_connection_waits_its_turn(m
     assert [f[4:8] for f in released] == [struct.pack(">i", 2)]
 
 
-def test_a_frame_kept_past_its_callback_is_copied_only_when_it_is_not_immutable_or_the_proxys_own():
+def test_a_frame_kept_past_its_callback_is_copied_only_when_it_is_not_immutable_or_the_proxys_own_or_small():
     """A request deferred or held keeps its frame: a 100 MB copy would hold the loop tens of ms."""
     from array import array
 
@@ -176,3 +174,6 @@ def test_a_frame_kept_past_its_callback_is_copied_only_when_it_is_not_immutable_
     assert _kept(whole) is whole and _kept(view) is view and _kept(own) is own
     foreign = memoryview(array("b", [1, 2]))  # another object's buffer, which it may change
     assert type(_kept(foreign)) is bytes and _kept(foreign) == b"\x01\x02"
+    read = bytearray(b"r" * 1000)  # a long read's buffer: a small frame in it is copied, not kept with it
+    assert _kept(memoryview(read)[:250]) == b"r" * 250 and type(_kept(memoryview(read)[:249])) is bytes
+    assert _kept(memoryview(read)[:250]).obj is read

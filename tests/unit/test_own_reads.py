@@ -1,9 +1,10 @@
-"""Large frames read straight into their buffers (proxy.dataplane.fill), over real sockets.
+"""Sockets read into the proxy's own buffers (proxy.dataplane.reads), over real sockets.
 
-An owner protocol frames what a client sends, lending its transport to a FrameFill whenever a
-large frame has its own buffer, as ClientConnection and UpstreamConnection do. Whatever the
-sizes, the chunking and the pauses of the sender, the owner gets exactly the frames sent, in
-order; with uvloop's loop and asyncio's, over TCP and over TLS (certificates made here).
+An owner protocol frames what a client sends as ClientConnection and UpstreamConnection do: it
+reads into the proxy's read buffer, or into a large frame's own buffer once it has one.
+Whatever the sizes, the chunking and the pauses of the sender, the owner gets exactly the frames
+sent, in order, and what it kept by reference is never written to again; with uvloop's loop and
+asyncio's, over TCP and over TLS (certificates made here).
 """
 
 from __future__ import annotations
@@ -17,35 +18,39 @@ import pytest
 import uvloop
 
 from protocol.frames import CONTIGUOUS_MIN_BYTES, FrameReader, frame
-from proxy.dataplane.fill import FrameFill, lend_for_fill
+from proxy.dataplane.reads import KEPT_READ_BYTES, READ_BUFFER_BYTES, OwnReads, ReadBuffer
 from tests.support.certs import TestPki
 
 
-class Owner(asyncio.Protocol):
-    """Frames what arrives; counts the frames that were filled and the bytes each way came."""
+class Owner(OwnReads):
+    """Frames what arrives, keeping the frames as the reader gives them (views of the chunks
+    and buffers read into); counts the frames that were filled and the bytes each way came."""
 
     def __init__(self) -> None:
-        self.reader = FrameReader(64 << 20)
+        self._reader = FrameReader(64 << 20)
+        self._reads = ReadBuffer()
         self.transport: asyncio.Transport | None = None
-        self.frames: list[bytes] = []
+        self.frames: list = []
         self.filled_frames = 0
         self.bytes_read = 0
         self.lost = asyncio.get_running_loop().create_future()
 
+    @property
+    def reader(self) -> FrameReader:
+        return self._reader
+
     def connection_made(self, transport) -> None:
         self.transport = transport
 
-    def data_received(self, data: bytes) -> None:
+    def data_received(self, data) -> None:
         self.bytes_read += len(data)
-        self.frames.extend(bytes(f) for f in self.reader.feed(data))
-        lend_for_fill(self.transport, self, self.reader)
+        self.frames.extend(self._reader.feed(data))
 
     def filled(self, nbytes: int, frame_: memoryview | None) -> None:
         self.bytes_read += nbytes
         if frame_ is not None:
-            assert not isinstance(self.transport.get_protocol(), FrameFill)  # given back first
             self.filled_frames += 1
-            self.frames.append(bytes(frame_))
+            self.frames.append(frame_)
 
     def connection_lost(self, exc) -> None:
         if not self.lost.done():
@@ -104,18 +109,18 @@ async def _exchange(tls: bool, tmp_path, seed: int) -> tuple[Owner, list[bytes]]
 @pytest.mark.parametrize("tls", [False, True], ids=["tcp", "tls"])
 @pytest.mark.parametrize("loop_kind", ["uvloop", "asyncio"])
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_filled_frames_are_the_frames_sent(loop_kind, tls, seed, tmp_path):
+def test_frames_read_into_own_buffers_are_the_frames_sent(loop_kind, tls, seed, tmp_path):
     runner = uvloop.run if loop_kind == "uvloop" else asyncio.run
     owner, payloads = runner(_exchange(tls, tmp_path, seed))
     assert [len(f) for f in owner.frames] == [len(p) for p in payloads]
-    assert owner.frames == payloads
+    assert [bytes(f) for f in owner.frames] == payloads  # views kept all along: nothing wrote over them
     assert owner.filled_frames >= 1  # the large frames were read into their buffers
     assert owner.bytes_read == sum(4 + len(p) for p in payloads)
     assert owner.reader.idle
 
 
 @pytest.mark.parametrize("loop_kind", ["uvloop", "asyncio"])
-def test_connection_lost_while_lent_reaches_the_owner(loop_kind):
+def test_connection_lost_while_a_frame_is_filled_reaches_the_owner(loop_kind):
     async def scenario() -> Owner:
         loop = asyncio.get_running_loop()
         owners: list[Owner] = []
@@ -126,11 +131,10 @@ def test_connection_lost_while_lent_reaches_the_owner(loop_kind):
             writer.write(struct.pack(">i", 1_000_000) + b"x" * 400_000)  # 40 % of a frame, then gone
             await writer.drain()
             for _ in range(400):
-                if owners and owners[0].transport is not None and isinstance(
-                        owners[0].transport.get_protocol(), FrameFill):
+                if owners and owners[0].reader.filling and owners[0].bytes_read == 400_004:
                     break
                 await asyncio.sleep(0.005)
-            assert isinstance(owners[0].transport.get_protocol(), FrameFill)
+            assert owners[0].reader.filling
             writer.close()
             await asyncio.wait_for(owners[0].lost, 5)
             return owners[0]
@@ -140,3 +144,47 @@ def test_connection_lost_while_lent_reaches_the_owner(loop_kind):
     owner = (uvloop.run if loop_kind == "uvloop" else asyncio.run)(scenario())
     assert owner.frames == []
     assert owner.reader.missing_bytes == 600_000  # every byte sent before the close was read
+
+
+def test_a_short_read_is_copied_and_a_long_one_takes_the_buffer():
+    reads = ReadBuffer()
+    first = reads.view()
+    assert len(first) == READ_BUFFER_BYTES
+    first[:5] = b"short"
+    short = reads.take(5)
+    assert type(short) is bytes and short == b"short" and reads.view() is first  # read into again
+    n = KEPT_READ_BYTES
+    first[:n] = b"L" * n
+    long_ = reads.take(n)
+    assert type(long_) is memoryview and long_.obj is first.obj and len(long_) == n
+    assert reads.view().obj is not first.obj  # the next read never writes over it
+    reads.view()[:n] = b"N" * n
+    assert bytes(long_) == b"L" * n
+    assert long_.obj.__len__() <= 4 * n  # a kept read holds at most four times its bytes
+
+
+def test_a_frame_started_in_a_long_read_keeps_a_slice_of_it_only_while_that_is_a_quarter_of_its_buffer():
+    """The reader keeps slices of a read given to it (no copy) unless that would keep a buffer
+    more than four times the bytes kept alive."""
+    reads = ReadBuffer()
+    reader = FrameReader(64 << 20)
+    start = READ_BUFFER_BYTES - KEPT_READ_BYTES  # a frame announced in the last quarter of a long read
+    view = reads.view()
+    view[:start] = frame(b"a" * (start - 4))
+    view[start : start + 4] = struct.pack(">i", 10 * READ_BUFFER_BYTES)
+    view[start + 4 : READ_BUFFER_BYTES] = b"b" * (KEPT_READ_BYTES - 4)
+    chunk = reads.take(READ_BUFFER_BYTES)
+    frames = reader.feed(chunk)
+    assert [bytes(f) for f in frames] == [b"a" * (start - 4)]
+    assert reader.buffered_bytes == KEPT_READ_BYTES  # arrived, size prefix included; under a quarter: no buffer
+    parts = reader._parts
+    assert parts is not None and len(parts) == 1 and type(parts[0]) is bytes  # copied: too little of the read
+    reader2 = FrameReader(64 << 20)
+    view = reads.view()
+    view[:4] = struct.pack(">i", 5 * READ_BUFFER_BYTES)  # under a quarter here: no buffer of its own yet
+    view[4:READ_BUFFER_BYTES] = b"c" * (READ_BUFFER_BYTES - 4)
+    chunk2 = reads.take(READ_BUFFER_BYTES)
+    assert reader2.feed(chunk2) == []
+    parts2 = reader2._parts
+    assert parts2 is not None and type(parts2[0]) is memoryview and parts2[0].obj is chunk2.obj  # kept, not copied
+    assert CONTIGUOUS_MIN_BYTES < KEPT_READ_BYTES
