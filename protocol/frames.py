@@ -65,7 +65,7 @@ class FrameReader:
     """
 
     __slots__ = ("max_frame_bytes", "idle", "frames_started", "_parts", "_buf", "_have", "_need", "_size_prefix",
-                 "_keep")
+                 "_keep", "filling")
 
     def __init__(self, max_frame_bytes: int) -> None:
         self.max_frame_bytes = max_frame_bytes
@@ -79,11 +79,7 @@ class FrameReader:
         # they start: tells a frame that stays unfinished from frames each finished in time.
         self.frames_started = 0
         self._keep = False  # the chunk being fed may be kept by reference (see feed)
-
-    @property
-    def filling(self) -> bool:
-        """Whether the frame being read has a buffer of its own (:meth:`fill_buffer`)."""
-        return self._buf is not None
+        self.filling = False  # the frame being read has a buffer of its own (fill_buffer)
 
     @property
     def buffered_bytes(self) -> int:
@@ -216,6 +212,7 @@ class FrameReader:
             self.frames_started += 1
         if size >= CONTIGUOUS_MIN_BYTES and have * 4 >= size:
             buf = self._buf = new_buffer(size)  # every byte is written before the frame is returned
+            self.filling = True
             buf[:have] = view[pos:end]
         elif self._keep and end == len(view) and (
             pos < _KEEP_SLICE_BYTES if type(view.obj) is bytes else have * 4 >= held_bytes(view)
@@ -239,11 +236,13 @@ class FrameReader:
                 buf[at : at + len(part)] = part
                 at += len(part)
             self._buf, self._parts = buf, None
+            self.filling = True
 
     def _finish_buffer(self) -> memoryview:
         buf = self._buf
         assert buf is not None  # called when the buffer's frame is complete
         self._buf = None
+        self.filling = False
         return memoryview(buf)
 
 

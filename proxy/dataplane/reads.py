@@ -33,22 +33,19 @@ class ReadBuffer:
     """The buffer one event loop's connections read into, one read at a time (the loop calls
     ``get_buffer`` and ``buffer_updated`` back to back)."""
 
-    __slots__ = ("_view",)
+    __slots__ = ("view",)
 
     def __init__(self) -> None:
-        self._view = memoryview(new_buffer(READ_BUFFER_BYTES))  # written by each read before it is read
-
-    def view(self) -> memoryview:
-        """Where the next read goes."""
-        return self._view
+        # Where the next read goes: written by each read before it is read.
+        self.view = memoryview(new_buffer(READ_BUFFER_BYTES))
 
     def take(self, nbytes: int) -> Buffer:
         """The ``nbytes`` just read, as a chunk no later read writes to: the buffer itself for a
         long read (a new one is made for the next), a copy of a short one."""
-        view = self._view
+        view = self.view
         if nbytes < KEPT_READ_BYTES:
             return view[:nbytes].tobytes()
-        self._view = memoryview(new_buffer(READ_BUFFER_BYTES))
+        self.view = memoryview(new_buffer(READ_BUFFER_BYTES))
         return view[:nbytes]
 
 
@@ -62,8 +59,10 @@ class OwnReads(asyncio.BufferedProtocol):
     _reads: ReadBuffer
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        view = self._reader.fill_buffer()
-        return self._reads.view() if view is None else view
+        reader = self._reader
+        if reader.filling:
+            return reader.fill_buffer()  # type: ignore[return-value]  # filling: never None
+        return self._reads.view
 
     def buffer_updated(self, nbytes: int) -> None:
         reader = self._reader

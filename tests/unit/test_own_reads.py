@@ -148,17 +148,17 @@ def test_connection_lost_while_a_frame_is_filled_reaches_the_owner(loop_kind):
 
 def test_a_short_read_is_copied_and_a_long_one_takes_the_buffer():
     reads = ReadBuffer()
-    first = reads.view()
+    first = reads.view
     assert len(first) == READ_BUFFER_BYTES
     first[:5] = b"short"
     short = reads.take(5)
-    assert type(short) is bytes and short == b"short" and reads.view() is first  # read into again
+    assert type(short) is bytes and short == b"short" and reads.view is first  # read into again
     n = KEPT_READ_BYTES
     first[:n] = b"L" * n
     long_ = reads.take(n)
     assert type(long_) is memoryview and long_.obj is first.obj and len(long_) == n
-    assert reads.view().obj is not first.obj  # the next read never writes over it
-    reads.view()[:n] = b"N" * n
+    assert reads.view.obj is not first.obj  # the next read never writes over it
+    reads.view[:n] = b"N" * n
     assert bytes(long_) == b"L" * n
     assert long_.obj.__len__() <= 4 * n  # a kept read holds at most four times its bytes
 
@@ -169,7 +169,7 @@ def test_a_frame_started_in_a_long_read_keeps_a_slice_of_it_only_while_that_is_a
     reads = ReadBuffer()
     reader = FrameReader(64 << 20)
     start = READ_BUFFER_BYTES - KEPT_READ_BYTES  # a frame announced in the last quarter of a long read
-    view = reads.view()
+    view = reads.view
     view[:start] = frame(b"a" * (start - 4))
     view[start : start + 4] = struct.pack(">i", 10 * READ_BUFFER_BYTES)
     view[start + 4 : READ_BUFFER_BYTES] = b"b" * (KEPT_READ_BYTES - 4)
@@ -180,7 +180,7 @@ def test_a_frame_started_in_a_long_read_keeps_a_slice_of_it_only_while_that_is_a
     parts = reader._parts
     assert parts is not None and len(parts) == 1 and type(parts[0]) is bytes  # copied: too little of the read
     reader2 = FrameReader(64 << 20)
-    view = reads.view()
+    view = reads.view
     view[:4] = struct.pack(">i", 5 * READ_BUFFER_BYTES)  # under a quarter here: no buffer of its own yet
     view[4:READ_BUFFER_BYTES] = b"c" * (READ_BUFFER_BYTES - 4)
     chunk2 = reads.take(READ_BUFFER_BYTES)
