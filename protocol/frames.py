@@ -53,11 +53,12 @@ class FrameReader:
     """Splits a byte stream into frames without the 4-byte size prefix.
 
     Guarantees: a frame's size is checked against ``max_frame_bytes`` before anything is kept
-    for it; nothing is allocated by an announced size until a quarter of the frame has
-    arrived: a frame still arriving holds the chunks it came in, so a peer that announces
-    100 MB and sends 1 byte costs 1 byte, and a frame of ``CONTIGUOUS_MIN_BYTES`` or more,
-    once a quarter of it is here, holds one buffer of its size (at most four times what
-    arrived) that the rest is copied, or read (:meth:`fill_buffer`), into; a frame is
+    for it; unless the peer is a ``sized_peer`` (a broker), nothing is allocated by an
+    announced size until a quarter of the frame has arrived: a frame still arriving holds the
+    chunks it came in, so a peer that announces 100 MB and sends 1 byte costs 1 byte, and a
+    frame of ``CONTIGUOUS_MIN_BYTES`` or more, once a quarter of it is here (a sized peer's at
+    once), holds one buffer of its size (at most four times what arrived) that the rest is
+    copied, or read (:meth:`fill_buffer`), into; a frame is
     returned only when complete (chunks joined once, then, or the buffer as it was filled);
     bytes after the last complete frame are kept for the next :meth:`feed`. Frames that
     arrive whole inside one chunk are returned as zero-copy ``memoryview`` slices of that
@@ -65,10 +66,13 @@ class FrameReader:
     """
 
     __slots__ = ("max_frame_bytes", "idle", "frames_started", "_parts", "_buf", "_have", "_need", "_size_prefix",
-                 "_keep", "filling")
+                 "_keep", "filling", "sized_peer")
 
-    def __init__(self, max_frame_bytes: int) -> None:
+    def __init__(self, max_frame_bytes: int, sized_peer: bool = False) -> None:
         self.max_frame_bytes = max_frame_bytes
+        # The peer sends what it announces (a broker, as Kafka's NetworkReceive allocates the
+        # announced size): a large frame gets its buffer as soon as its size is read.
+        self.sized_peer = sized_peer
         self._parts: list[Buffer] | None = None  # the arrived chunks of a frame still arriving
         self._buf: bytearray | None = None  # or, for a large one, one buffer of its size
         self._have = 0  # how many bytes arrived
@@ -210,7 +214,7 @@ class FrameReader:
         self._need = size - have
         if not started:
             self.frames_started += 1
-        if size >= CONTIGUOUS_MIN_BYTES and have * 4 >= size:
+        if size >= CONTIGUOUS_MIN_BYTES and (have * 4 >= size or self.sized_peer):
             buf = self._buf = new_buffer(size)  # every byte is written before the frame is returned
             self.filling = True
             buf[:have] = view[pos:end]

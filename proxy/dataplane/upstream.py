@@ -159,15 +159,18 @@ class UpstreamConnection(OwnReads):
     """The broker side of one client connection: frames responses back to it."""
 
     __slots__ = ("client", "queue", "transport", "_reader", "_through", "_streaming_size", "_tail", "_tail_route",
-                 "_unheld", "_reads")
+                 "_unheld", "_reads", "_peek")
 
     def __init__(self, client: UpstreamClient) -> None:
         self.client = client
         self.queue = client.queue
         self.transport: asyncio.Transport | None = None
         # Responses are bounded by what the client asked for; the client limit applies too.
-        self._reader = FrameReader(2**31 - 1)
+        self._reader = FrameReader(2**31 - 1, sized_peer=True)
         self._reads = client.env.reads
+        # A large response was just read into its buffer: the next one's size is read first
+        # (see get_buffer).
+        self._peek = False
         # A response longer than the chunk it started in that goes back as it came is streamed
         # (see _stream): the bytes of it still to come, and its size without the size prefix.
         self._through = 0
@@ -183,7 +186,20 @@ class UpstreamConnection(OwnReads):
         self.transport = stream = cast(asyncio.Transport, transport)  # a TCP connection's (uvloop's or asyncio's)
         tune(stream)
 
+    def get_buffer(self, sizehint: int) -> memoryview:
+        reader = self._reader
+        if reader.filling:
+            return reader.fill_buffer()  # type: ignore[return-value]  # filling: never None
+        if self._peek and reader.idle and not self._through:
+            # After a large response read into its buffer (a Fetch its filters count, under
+            # a quota), the next one's size prefix alone: if it is large too, all of it is
+            # then read straight into its buffer, none of it into this one and copied.
+            return self._reads.view[:4]
+        return self._reads.view
+
     def data_received(self, data: Buffer) -> None:
+        if len(data) > 4:
+            self._peek = False  # a read that is not a peek: read as usual until a large frame is filled
         if self._through:
             rest = self._stream(data)
             if rest is None:
@@ -251,6 +267,7 @@ class UpstreamConnection(OwnReads):
         completing it when ``frame`` is given."""
         if frame is None or self.client.closed:
             return
+        self._peek = True
         try:
             self._on_frame(frame)
         except Exception as exc:

@@ -177,3 +177,63 @@ def test_a_frame_kept_past_its_callback_is_copied_only_when_it_is_not_immutable_
     read = bytearray(b"r" * 1000)  # a long read's buffer: a small frame in it is copied, not kept with it
     assert _kept(memoryview(read)[:250]) == b"r" * 250 and type(_kept(memoryview(read)[:249])) is bytes
     assert _kept(memoryview(read)[:250]).obj is read
+
+
+def test_after_a_large_response_is_filled_the_next_ones_size_is_read_first(monkeypatch):
+    """A broker connection that just read a large response into its buffer reads the next one's
+    size prefix alone, so a large next one goes straight into a buffer of its size (a broker's
+    announced size is honoured at once); a small one puts reads back to normal. What the client
+    gets is what it gets without any of this (every response handed over in one chunk)."""
+    filled = []
+    plain = UpstreamConnection.filled
+
+    def counting(self, nbytes, frame) -> None:
+        filled.append(frame is not None)
+        plain(self, nbytes, frame)
+
+    def run(peeking: bool) -> tuple[dict, list[int]]:
+        async def go() -> tuple[Pair, list[int]]:
+            pair = Pair(QUOTAS)
+            for i in (1, 2, 3):
+                pair.client.deliver(pair.conn, fetch_request(i) if i < 3 else produce_request(i))
+            first, second, third = fetch_response(1), fetch_response(2), produce_response(3)
+            sizes = []
+            if peeking:
+                pair.broker.deliver(pair.up, first[:100_000])  # over two reads: filled
+                pair.broker.deliver(pair.up, first[100_000:])
+                sizes.append(len(pair.up.get_buffer(-1)))
+                pair.broker.deliver(pair.up, second)
+                sizes.append(len(pair.up.get_buffer(-1)))
+                pair.broker.deliver(pair.up, third)
+                sizes.append(len(pair.up.get_buffer(-1)))
+            else:
+                for response in (first, second, third):
+                    pair.up.data_received(response)
+            return pair, sizes
+
+        pair, sizes = asyncio.run(go())
+        return _outcome(pair), sizes
+
+    reference, _ = run(False)
+    monkeypatch.setattr(UpstreamConnection, "filled", counting)
+    peeked, sizes = run(True)
+    assert sizes[0] == 4  # after a filled response: the next size first
+    assert sizes[1] == 4  # the next, large too, was read into its own buffer after its size
+    assert sizes[2] > 4  # a small one: reads as usual again
+    assert filled.count(True) == 2
+    assert reference["owed"] == 0 and not reference["closed"]
+    assert peeked == reference
+
+
+def test_a_sized_peers_large_frame_gets_its_buffer_at_once():
+    """A broker's announced size is honoured as soon as it is read; a client's only once a
+    quarter of the frame has arrived."""
+    from protocol.frames import FrameReader
+
+    head = struct.pack(">i", 1 << 20) + b"x" * 10
+    broker, client = FrameReader(1 << 30, sized_peer=True), FrameReader(1 << 30)
+    assert broker.feed(head) == [] and client.feed(head) == []
+    assert broker.filling and broker.buffered_bytes == (1 << 20) + 4
+    assert not client.filling and client.buffered_bytes == 14
+    fill = broker.fill_buffer()
+    assert fill is not None and len(fill) == (1 << 20) - 10
