@@ -66,7 +66,7 @@ class FrameReader:
     """
 
     __slots__ = ("max_frame_bytes", "idle", "frames_started", "_parts", "_buf", "_have", "_need", "_size_prefix",
-                 "_keep", "filling", "sized_peer")
+                 "_keep", "filling", "sized_peer", "_base")
 
     def __init__(self, max_frame_bytes: int, sized_peer: bool = False) -> None:
         self.max_frame_bytes = max_frame_bytes
@@ -75,6 +75,7 @@ class FrameReader:
         self.sized_peer = sized_peer
         self._parts: list[Buffer] | None = None  # the arrived chunks of a frame still arriving
         self._buf: bytearray | None = None  # or, for a large one, one buffer of its size
+        self._base = 0  # where in _buf the frame starts (a read's buffer taken over: see _taken_over)
         self._have = 0  # how many bytes arrived
         self._need = 0  # bytes still missing from it
         self._size_prefix = b""  # a size prefix split across chunks
@@ -108,7 +109,7 @@ class FrameReader:
         still missing from it, no more), once it has a buffer of its own; else None. Report
         what was read there with :meth:`filled`."""
         buf = self._buf
-        return None if buf is None else memoryview(buf)[self._have:]
+        return None if buf is None else memoryview(buf)[self._base + self._have : self._base + self._have + self._need]
 
     def filled(self, nbytes: int) -> memoryview | None:
         """``nbytes`` were read into :meth:`fill_buffer`'s view: the frame, when that completed it."""
@@ -151,7 +152,8 @@ class FrameReader:
         if self._buf is not None:
             take = min(self._need, end)
             have = self._have
-            self._buf[have : have + take] = view[:take]
+            at = self._base + have
+            self._buf[at : at + take] = view[:take]
             self._have = have + take
             self._need -= take
             pos = take
@@ -215,8 +217,11 @@ class FrameReader:
         if not started:
             self.frames_started += 1
         if size >= CONTIGUOUS_MIN_BYTES and (have * 4 >= size or self.sized_peer):
-            buf = self._buf = new_buffer(size)  # every byte is written before the frame is returned
             self.filling = True
+            if self._keep and self._taken_over(view, pos, have, size):
+                return end
+            buf = self._buf = new_buffer(size)  # every byte is written before the frame is returned
+            self._base = 0
             buf[:have] = view[pos:end]
         elif self._keep and end == len(view) and (
             pos < _KEEP_SLICE_BYTES if type(view.obj) is bytes else have * 4 >= held_bytes(view)
@@ -239,15 +244,34 @@ class FrameReader:
             for part in self._parts:
                 buf[at : at + len(part)] = part
                 at += len(part)
-            self._buf, self._parts = buf, None
+            self._buf, self._parts, self._base = buf, None, 0
             self.filling = True
+
+    def _taken_over(self, view: memoryview, pos: int, have: int, size: int) -> bool:
+        """Makes the buffer of the read ``view`` is a chunk of the frame's own, when the frame
+        fits in it and arrived for a quarter of it at least (a read's buffer given to the
+        reader, proxy.dataplane.reads): the rest is read after what arrived, nothing copied."""
+        obj = view.obj
+        if type(obj) is not bytearray or have * 4 < len(obj):
+            return False
+        start = _address(view) + pos - _address(obj)
+        if start + size > len(obj):
+            return False
+        self._buf, self._base = obj, start
+        return True
 
     def _finish_buffer(self) -> memoryview:
         buf = self._buf
         assert buf is not None  # called when the buffer's frame is complete
         self._buf = None
         self.filling = False
-        return memoryview(buf)
+        base = self._base
+        return memoryview(buf)[base : base + self._have] if base or len(buf) != self._have else memoryview(buf)
+
+
+def _address(buffer: bytearray | memoryview) -> int:
+    """Where a writable buffer's first byte is in memory."""
+    return ctypes.addressof(ctypes.c_char.from_buffer(buffer))
 
 
 def held_bytes(view: memoryview) -> int:

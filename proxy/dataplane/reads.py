@@ -22,6 +22,7 @@ frame's end into its buffer.
 from __future__ import annotations
 
 import asyncio
+import sys
 
 from protocol.frames import Buffer, FrameReader, new_buffer
 
@@ -33,19 +34,25 @@ class ReadBuffer:
     """The buffer one event loop's connections read into, one read at a time (the loop calls
     ``get_buffer`` and ``buffer_updated`` back to back)."""
 
-    __slots__ = ("view",)
+    __slots__ = ("view", "_given")
 
     def __init__(self) -> None:
         # Where the next read goes: written by each read before it is read.
         self.view = memoryview(new_buffer(READ_BUFFER_BYTES))
+        self._given: bytearray | None = None  # the buffer the last long read took
 
     def take(self, nbytes: int) -> Buffer:
         """The ``nbytes`` just read, as a chunk no later read writes to: the buffer itself for a
-        long read (a new one is made for the next), a copy of a short one."""
+        long read, a copy of a short one. After a long read the next one goes to the buffer the
+        long read before took if nothing holds any of it any more (still warm in the caches),
+        else to a new one."""
         view = self.view
         if nbytes < KEPT_READ_BYTES:
             return view[:nbytes].tobytes()
-        self.view = memoryview(new_buffer(READ_BUFFER_BYTES))
+        given, self._given = self._given, view.obj  # type: ignore[assignment]  # a bytearray: new_buffer's
+        # Three references: ``given`` here, getrefcount's argument, and none elsewhere: free.
+        self.view = memoryview(given if given is not None and sys.getrefcount(given) == 2
+                               else new_buffer(READ_BUFFER_BYTES))
         return view[:nbytes]
 
 

@@ -188,3 +188,66 @@ def test_a_frame_started_in_a_long_read_keeps_a_slice_of_it_only_while_that_is_a
     parts2 = reader2._parts
     assert parts2 is not None and type(parts2[0]) is memoryview and parts2[0].obj is chunk2.obj  # kept, not copied
     assert CONTIGUOUS_MIN_BYTES < KEPT_READ_BYTES
+
+
+@pytest.mark.parametrize("offset", [0, 70_000])
+def test_a_frame_that_fits_the_rest_of_a_long_read_is_read_into_that_reads_buffer(offset):
+    """A large frame begun in a long read, that the read's buffer has room for, is finished in
+    that buffer: what arrived is not copied, the rest is read after it, and the frame is a view
+    of it; the frames before it in the read are untouched."""
+    reads = ReadBuffer()
+    reader = FrameReader(64 << 20)
+    size = 600_000
+    body = random.Random(offset).randbytes(size)
+    before = frame(b"p" * (offset - 4)) if offset else b""
+    arrived = 300_000
+    view = reads.view
+    view[: len(before)] = before
+    view[len(before) : len(before) + 4] = struct.pack(">i", size)
+    view[len(before) + 4 : len(before) + 4 + arrived] = body[:arrived]
+    chunk = reads.take(len(before) + 4 + arrived)
+    frames = reader.feed(chunk)
+    assert [bytes(f) for f in frames] == ([b"p" * (offset - 4)] if offset else [])
+    assert reader.filling and reader.buffered_bytes == READ_BUFFER_BYTES + 4  # the read's buffer, counted whole
+    fill = reader.fill_buffer()
+    assert fill is not None and fill.obj is chunk.obj and len(fill) == size - arrived
+    fill[:] = body[arrived:]
+    done = reader.filled(size - arrived)
+    assert done is not None and done.obj is chunk.obj and bytes(done) == body
+    assert [bytes(f) for f in frames] == ([b"p" * (offset - 4)] if offset else [])
+    assert reader.idle and not reader.filling
+
+
+def test_a_frame_too_long_for_its_reads_buffer_gets_one_of_its_own():
+    reads = ReadBuffer()
+    reader = FrameReader(64 << 20)
+    size = READ_BUFFER_BYTES  # with its size prefix, one byte more than the read's buffer holds
+    view = reads.view
+    view[:4] = struct.pack(">i", size)
+    view[4:] = b"a" * (READ_BUFFER_BYTES - 4)
+    chunk = reads.take(READ_BUFFER_BYTES)
+    assert reader.feed(chunk) == [] and reader.filling
+    fill = reader.fill_buffer()
+    assert fill is not None and fill.obj is not chunk.obj and len(fill) == 4
+    fill[:] = b"bbbb"
+    done = reader.filled(4)
+    assert done is not None and bytes(done) == b"a" * (READ_BUFFER_BYTES - 4) + b"bbbb"
+
+
+def test_a_long_reads_buffer_is_read_into_again_once_nothing_holds_it():
+    """After a long read, the next read goes to the buffer the long read before took when no
+    chunk of it is held any more, and to a new one while one is."""
+    reads = ReadBuffer()
+    first = id(reads.view.obj)
+    chunk = reads.take(KEPT_READ_BYTES)  # takes the first buffer
+    second = id(reads.view.obj)
+    kept = reads.take(KEPT_READ_BYTES)  # takes the second; the first is held (chunk): a new one
+    third = id(reads.view.obj)
+    assert len({first, second, third}) == 3
+    del chunk
+    reads.take(KEPT_READ_BYTES)  # takes the third; the second is held (kept): a new one
+    assert id(reads.view.obj) not in (first, second, third)
+    del kept
+    reads.take(KEPT_READ_BYTES)  # the third is free now: read into again
+    assert id(reads.view.obj) == third
+    assert len(reads.take(10)) == 10 and id(reads.view.obj) == third  # a short read is copied out
