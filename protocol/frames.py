@@ -66,7 +66,7 @@ class FrameReader:
     """
 
     __slots__ = ("max_frame_bytes", "idle", "frames_started", "_parts", "_buf", "_have", "_need", "_size_prefix",
-                 "_keep", "filling", "sized_peer", "_base")
+                 "_keep", "sized_peer", "_base")
 
     def __init__(self, max_frame_bytes: int, sized_peer: bool = False) -> None:
         self.max_frame_bytes = max_frame_bytes
@@ -84,7 +84,11 @@ class FrameReader:
         # they start: tells a frame that stays unfinished from frames each finished in time.
         self.frames_started = 0
         self._keep = False  # the chunk being fed may be kept by reference (see feed)
-        self.filling = False  # the frame being read has a buffer of its own (fill_buffer)
+
+    @property
+    def filling(self) -> bool:
+        """Whether the frame being read has a buffer of its own (:meth:`fill_buffer`)."""
+        return self._buf is not None
 
     @property
     def buffered_bytes(self) -> int:
@@ -217,7 +221,6 @@ class FrameReader:
         if not started:
             self.frames_started += 1
         if size >= CONTIGUOUS_MIN_BYTES and (have * 4 >= size or self.sized_peer):
-            self.filling = True
             if self._keep and self._taken_over(view, pos, have, size):
                 return end
             buf = self._buf = new_buffer(size)  # every byte is written before the frame is returned
@@ -245,7 +248,6 @@ class FrameReader:
                 buf[at : at + len(part)] = part
                 at += len(part)
             self._buf, self._parts, self._base = buf, None, 0
-            self.filling = True
 
     def _taken_over(self, view: memoryview, pos: int, have: int, size: int) -> bool:
         """Makes the buffer of the read ``view`` is a chunk of the frame's own, when the frame
@@ -264,9 +266,7 @@ class FrameReader:
         buf = self._buf
         assert buf is not None  # called when the buffer's frame is complete
         self._buf = None
-        self.filling = False
-        base = self._base
-        return memoryview(buf)[base : base + self._have] if base or len(buf) != self._have else memoryview(buf)
+        return memoryview(buf)[self._base : self._base + self._have]
 
 
 def _address(buffer: bytearray | memoryview) -> int:

@@ -66,10 +66,8 @@ class OwnReads(asyncio.BufferedProtocol):
     _reads: ReadBuffer
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        reader = self._reader
-        if reader.filling:
-            return reader.fill_buffer()  # type: ignore[return-value]  # filling: never None
-        return self._reads.view
+        view = self._reader.fill_buffer()
+        return self._reads.view if view is None else view
 
     def buffer_updated(self, nbytes: int) -> None:
         reader = self._reader

@@ -187,15 +187,12 @@ class UpstreamConnection(OwnReads):
         tune(stream)
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        reader = self._reader
-        if reader.filling:
-            return reader.fill_buffer()  # type: ignore[return-value]  # filling: never None
-        if self._peek and reader.idle and not self._through:
+        if self._peek and self._reader.idle and not self._through:
             # After a large response read into its buffer (a Fetch its filters count, under
             # a quota), the next one's size prefix alone: if it is large too, all of it is
             # then read straight into its buffer, none of it into this one and copied.
             return self._reads.view[:4]
-        return self._reads.view
+        return super().get_buffer(sizehint)
 
     def data_received(self, data: Buffer) -> None:
         if len(data) > 4:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from protocol.errors import ProtocolError
 
@@ -19,3 +19,11 @@ def run_steps(steps: Iterator[object]) -> tuple[int, object]:
     except ProtocolError as exc:
         return pauses, str(exc)
     raise AssertionError("the steps ended without a result")
+
+
+def one_piece(scan: Callable[..., object], *args: object) -> object:
+    """What a scanner gives in one piece: its result, or the message of the ProtocolError it raised."""
+    try:
+        return scan(*args)
+    except ProtocolError as exc:
+        return str(exc)

@@ -23,7 +23,7 @@ from protocol.records import (
     scan_produce_steps,
 )
 from tests.support.kafka_messages import make
-from tests.support.steps import run_steps
+from tests.support.steps import one_piece, run_steps
 
 # kafka-python builds gzip without extra packages; the golden frames cover the other codecs.
 NONE, GZIP = 0, 1
@@ -218,10 +218,7 @@ def test_a_scan_in_steps_gives_the_one_piece_scan_and_errors(topics, version, st
     frame = produce_frame(version, parts)
     entries = sum(len(t) for t in topics) + sum(isinstance(r, int) for t in topics for r in t)  # partitions, batches
     for data in (frame, frame[: max(len(frame) - cut, parse_request_header(frame).body_offset)]):
-        try:
-            whole: object = scan(data, version)
-        except RecordsError as exc:
-            whole = str(exc)
+        whole = one_piece(scan, data, version)
         pauses, stepped = _steps(data, version, step)
         assert stepped == whole
         if not isinstance(whole, str):
@@ -255,10 +252,7 @@ def test_a_fetch_count_in_steps_gives_the_one_piece_count_and_errors(version, st
     body = memoryview(frame)[response_body_offset(frame, 1, version):]
     for cut in range(0, len(body), 7):
         data = body[: len(body) - cut]
-        try:
-            whole: object = count_fetch_records(data, version)
-        except RecordsError as exc:
-            whole = str(exc)
+        whole = one_piece(count_fetch_records, data, version)
         pauses, stepped = run_steps(count_fetch_steps(data, version, step))
         assert stepped == whole
         if cut == 0:
