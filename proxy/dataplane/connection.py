@@ -33,7 +33,7 @@ from proxy.dataplane.flow import ChannelMute, ReadGate
 from proxy.dataplane.guard import Deadlines
 from proxy.dataplane.inflight import Frame, InFlight
 from proxy.dataplane.raw_sasl import RawSasl
-from proxy.dataplane.reads import OwnReads
+from proxy.dataplane.reads import OWN_READS_FROM_BYTES, OwnReads
 from proxy.dataplane.requests import RequestSide
 from proxy.dataplane.response_queue import ResponseQueue, write
 from proxy.dataplane.routes import ASSEMBLED, plan_route
@@ -78,6 +78,7 @@ class ClientConnection(OwnReads):
         self.closed = False
         self._reader = FrameReader(env.max_frame_bytes)
         self._reads = env.reads
+        self._own, self._short_reads = False, 0  # read by the loop until a long read (OwnReads)
         self._unsent: list[bytes] = []  # frames for the broker before its connection is up
         self._connect_task: asyncio.Task[None] | None = None
         # While the hot path may run (see _arm): the request head that ends with the last client
@@ -197,6 +198,8 @@ class ClientConnection(OwnReads):
     def data_received(self, data: Buffer) -> None:
         self._active = True
         n = len(data)
+        if not self._own and (n >= OWN_READS_FROM_BYTES or self._reader.filling):
+            self.read_own()  # from the next read on
         through = self._through
         if through:
             # The rest of a request the hot path started: to the broker as it comes.

@@ -27,7 +27,7 @@ from protocol.frames import Buffer, FrameError, FrameReader
 from proxy.dataplane.filters.api import FilterContractError
 from proxy.dataplane.filters.chain import UNFILTERED
 from proxy.dataplane.inflight import Frame, InFlight
-from proxy.dataplane.reads import OwnReads
+from proxy.dataplane.reads import OWN_READS_FROM_BYTES, OwnReads
 from proxy.dataplane.response_queue import UnexpectedResponse
 from proxy.dataplane.routes import AS_READ, StreamRoute
 
@@ -168,6 +168,7 @@ class UpstreamConnection(OwnReads):
         # Responses are bounded by what the client asked for; the client limit applies too.
         self._reader = FrameReader(2**31 - 1, sized_peer=True)
         self._reads = client.env.reads
+        self._own, self._short_reads = False, 0  # read by the loop until a long read (OwnReads)
         # A large response was just read into its buffer: the next one's size is read first
         # (see get_buffer).
         self._peek = False
@@ -194,9 +195,12 @@ class UpstreamConnection(OwnReads):
             return self._reads.view[:4]
         return super().get_buffer(sizehint)
 
-    def data_received(self, data: Buffer) -> None:
-        if len(data) > 4:
-            self._peek = False  # a read that is not a peek: read as usual until a large frame is filled
+    def data_received(self, data: Buffer) -> None:  # noqa: C901 (a response's routes, inline on the hot path)
+        n = len(data)
+        if n > 4:  # not a peek: read as usual until a large frame is filled
+            self._peek = False
+            if not self._own and (n >= OWN_READS_FROM_BYTES or self._reader.filling):
+                self.read_own()  # from the next read on
         if self._through:
             rest = self._stream(data)
             if rest is None:

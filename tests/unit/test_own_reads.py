@@ -18,7 +18,15 @@ import pytest
 import uvloop
 
 from protocol.frames import CONTIGUOUS_MIN_BYTES, FrameReader, frame
-from proxy.dataplane.reads import KEPT_READ_BYTES, READ_BUFFER_BYTES, OwnReads, ReadBuffer
+from proxy.dataplane.reads import (
+    KEPT_READ_BYTES,
+    OWN_READS_FROM_BYTES,
+    PLAIN_AFTER_SHORT_READS,
+    READ_BUFFER_BYTES,
+    OwnBuffers,
+    OwnReads,
+    ReadBuffer,
+)
 from tests.support.certs import TestPki
 
 
@@ -29,10 +37,12 @@ class Owner(OwnReads):
     def __init__(self) -> None:
         self._reader = FrameReader(64 << 20)
         self._reads = ReadBuffer()
+        self._own, self._short_reads = False, 0
         self.transport: asyncio.Transport | None = None
         self.frames: list = []
         self.filled_frames = 0
         self.bytes_read = 0
+        self.switches = 0  # read_own calls that switched the transport to OwnBuffers
         self.lost = asyncio.get_running_loop().create_future()
 
     @property
@@ -43,6 +53,9 @@ class Owner(OwnReads):
         self.transport = transport
 
     def data_received(self, data) -> None:
+        if not self._own and (len(data) >= OWN_READS_FROM_BYTES or self._reader.filling):
+            self.switches += 1
+            self.read_own()
         self.bytes_read += len(data)
         self.frames.extend(self._reader.feed(data))
 
@@ -144,6 +157,67 @@ def test_connection_lost_while_a_frame_is_filled_reaches_the_owner(loop_kind):
     owner = (uvloop.run if loop_kind == "uvloop" else asyncio.run)(scenario())
     assert owner.frames == []
     assert owner.reader.missing_bytes == 600_000  # every byte sent before the close was read
+
+
+def _reads_own(owner: Owner) -> bool:
+    """Whether the owner's transport reads into the proxy's buffers now."""
+    assert owner.transport is not None
+    protocol = owner.transport.get_protocol()
+    assert protocol is owner or type(protocol) is OwnBuffers
+    return type(protocol) is OwnBuffers
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["tcp", "tls"])
+@pytest.mark.parametrize("loop_kind", ["uvloop", "asyncio"])
+def test_round_trips_stay_on_the_loops_reads_and_a_large_frame_reads_into_its_buffer(loop_kind, tls, tmp_path):
+    """Small frames one at a time are read by the loop (one call into Python per read); a large
+    frame switches the socket to the proxy's buffers, the frame is read into its own, and short
+    reads after it hand the socket back to the loop. Every frame arrives as sent throughout."""
+
+    async def scenario() -> tuple[Owner, list[bool], list[bytes]]:
+        loop = asyncio.get_running_loop()
+        owners: list[Owner] = []
+        server_ctx = client_ctx = None
+        if tls:
+            pki = TestPki(tmp_path)
+            server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            server_ctx.load_cert_chain(pki.server.cert, pki.server.key)
+            client_ctx = ssl.create_default_context(cafile=pki.ca_file)
+        server = await loop.create_server(lambda: owners.append(Owner()) or owners[-1], "127.0.0.1", 0,
+                                          ssl=server_ctx)
+        port = server.sockets[0].getsockname()[1]
+        sent: list[bytes] = []
+        modes: list[bool] = []
+
+        async def send(payload: bytes) -> None:
+            sent.append(payload)
+            writer.write(frame(payload))
+            await writer.drain()
+            for _ in range(2000):  # until the owner has it: the next frame is the next read
+                if owners and len(owners[0].frames) == len(sent):
+                    break
+                await asyncio.sleep(0.002)
+            modes.append(_reads_own(owners[0]))
+
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port, ssl=client_ctx,
+                                                      server_hostname="127.0.0.1" if tls else None)
+            for i in range(20):
+                await send(b"small %d" % i)
+            await send(random.Random(7).randbytes(3 << 20))
+            for i in range(PLAIN_AFTER_SHORT_READS + 2):
+                await send(b"small again %d" % i)
+            writer.close()
+            await owners[0].lost
+            return owners[0], modes, sent
+        finally:
+            server.close()
+
+    owner, modes, sent = (uvloop.run if loop_kind == "uvloop" else asyncio.run)(scenario())
+    assert [bytes(f) for f in owner.frames] == sent
+    assert modes[:20] == [False] * 20  # round trips: never switched
+    assert modes[20] and owner.filled_frames == 1  # the large frame: read into its buffer
+    assert modes[-1] is False and owner.switches == 1  # handed back after short reads, once
 
 
 def test_a_short_read_is_copied_and_a_long_one_takes_the_buffer():
