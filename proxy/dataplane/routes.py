@@ -5,7 +5,8 @@ entry (``InFlight.route``):
 
 - ``AS_READ``: the response goes back as it came, written from the very chunk it arrived in,
   or streamed as it arrives when it is longer than that chunk;
-- a chunk filter (the API's only response filter's ``on_response_chunk``): run on the chunk the
+- a chunk route (its API's only response filter's ``on_response_chunk``, or a
+  :class:`ChunkChain` of them all when every one has the chunk role): run on the chunk the
   response came in when that chunk is exactly the response, else the response is assembled;
 - a :class:`StreamRoute` (Fetch whose every response filter has the stream role): streamed, its
   tail held back until the filters accept it unchanged; a response that is one whole chunk is
@@ -33,7 +34,7 @@ from protocol.headers import response_body_offset
 from protocol.scan import scan_fetch_head, scan_fetch_tail
 
 if TYPE_CHECKING:
-    from proxy.dataplane.filters.api import FilterContext, StreamFilter
+    from proxy.dataplane.filters.api import ChunkFilter, FilterContext, Frame, StreamFilter
     from proxy.dataplane.inflight import InFlight
 
 AS_READ: Any = object()  # the response goes back as it came
@@ -62,13 +63,34 @@ def plan_route(table: dict[int, tuple[int, Any]], entry: InFlight) -> Any:
 
 def fast_route(key: int, filters: Sequence[Any], chunk: Sequence[bool], stream: Sequence[bool]) -> Any:
     """The route of a response of ``key`` at or above its filters' first version, by the roles
-    they declared (``chunk`` / ``stream``, one flag per filter): its only filter's chunk role, a
-    StreamRoute, or ASSEMBLED."""
-    if len(filters) == 1 and chunk[0]:
-        return filters[0].on_response_chunk
+    they declared (``chunk`` / ``stream``, one flag per filter): a StreamRoute (Fetch, every
+    filter streams), its filters' chunk roles (every filter has one), or ASSEMBLED."""
     if key in STREAM_SCANS and filters and all(stream):
         return StreamRoute(tuple(filters), STREAM_SCANS[key])
+    if filters and all(chunk):
+        return filters[0].on_response_chunk if len(filters) == 1 else ChunkChain(filters)
     return ASSEMBLED
+
+
+class ChunkChain:
+    """The route of a response whose every filter has the chunk role: each filter's
+    ``on_response_chunk`` in the chain's order, each on what the one before returned. None as
+    soon as one declines: the response is then assembled and every filter's ``on_response``
+    runs (a chunk role changes nothing but what it returns, so running both is safe)."""
+
+    __slots__ = ("chunks",)
+
+    def __init__(self, filters: Sequence[ChunkFilter]) -> None:
+        self.chunks: tuple[Callable[[FilterContext, InFlight, Any], Frame | None], ...] = tuple(
+            f.on_response_chunk for f in filters)
+
+    def __call__(self, ctx: FilterContext, entry: InFlight, chunk: bytes) -> Frame | None:
+        out: Frame | None = chunk
+        for on_chunk in self.chunks:
+            out = on_chunk(ctx, entry, out)
+            if out is None:
+                return None
+        return out
 
 
 class StreamRoute:

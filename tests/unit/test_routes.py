@@ -20,7 +20,7 @@ from proxy.app.server import ProxyServer
 from proxy.dataplane.filters.api import FilterSpec, Forward
 from proxy.dataplane.filters.chain import UNFILTERED, FilterChain
 from proxy.dataplane.inflight import InFlight
-from proxy.dataplane.routes import AS_READ, ASSEMBLED, STREAM_SCANS, StreamRoute, plan_route
+from proxy.dataplane.routes import AS_READ, ASSEMBLED, STREAM_SCANS, ChunkChain, StreamRoute, plan_route
 
 from .test_connection_paths import BASE, LIST_OFFSETS, Pair, api_versions, list_offsets
 from .test_fetch_stream import fetch_request, fetch_response
@@ -65,15 +65,22 @@ def test_the_planner_gives_a_fast_route_only_where_the_specs_allow_it(name, tmp_
                         assert key in STREAM_SCANS and version >= since
                         assert route.filters == filters and all(f.spec.stream for f in filters)
                     elif route is not ASSEMBLED:
-                        seen.add("chunk")
-                        (only,) = filters  # a chunk route only for an API's only filter
-                        assert only.spec.chunk and route == only.on_response_chunk and version >= since
+                        # A chunk route only where every filter of the API has the chunk role.
+                        assert filters and all(f.spec.chunk for f in filters) and version >= since
+                        if type(route) is ChunkChain:
+                            seen.add("chunk chain")
+                            assert route.chunks == tuple(f.on_response_chunk for f in filters)
+                            assert len(filters) > 1
+                        else:
+                            seen.add("chunk")
+                            (only,) = filters
+                            assert route == only.on_response_chunk
                     else:
                         seen.add("assembled")
                         assert version >= since and filters
     # Not vacuous: each kind of route occurs (the byte quota and the usage log's record count
     # see a Fetch response whole, so it streams only without them).
-    assert seen >= {"as read", "chunk", "assembled"} | ({"stream"} if name == "no quota" else set())
+    assert seen >= {"as read", "chunk", "chunk chain", "assembled"} | ({"stream"} if name == "no quota" else set())
 
 
 def test_a_reload_sends_every_awaited_response_through_the_filters():
@@ -159,3 +166,57 @@ def test_a_throttled_fetch_is_never_streamed_even_where_its_filters_would_stream
         pair.conn._teardown()
 
     asyncio.run(go())
+
+
+@pytest.mark.parametrize("case", ["nothing moved", "endpoints", "moved"])
+def test_a_produce_response_in_one_chunk_goes_back_as_its_filters_send_it_assembled(case):
+    """Produce v10+ responses have two filters with the chunk role (KIP-951's leader hints and
+    the endpoint rewrite): one that arrives in one chunk takes their chunk chain, and the client
+    gets what the assembled path sends (the same response split over two chunks), the cache
+    learns the same leaders. Nothing to change: the broker's very chunk goes back."""
+    from protocol.frames import frame
+    from protocol.headers import encode_response_header
+    from protocol.messages import decode_response, encode_body
+
+    from .test_connection_paths import produce
+    from .test_scan import produce_body
+
+    body = {"nothing moved": produce_body(10, errors_by_topic=((0,),), endpoints=False),
+            "endpoints": produce_body(10, errors_by_topic=((0,),), endpoints=True),
+            "moved": produce_body(10, errors_by_topic=((0, 6),), endpoints=True)}[case]
+    response = frame(encode_response_header(7, True) + body)
+
+    def run(split: bool) -> tuple[object, list, object, list]:
+        async def go() -> tuple[object, list, object, list]:
+            pair = Pair()
+            pair.conn.data_received(produce(10, 1, 7, "app"))
+            route = pair.conn.queue.awaiting[-1].route
+            if split:
+                pair.up.data_received(response[:9])
+                pair.up.data_received(response[9:])
+            else:
+                pair.up.data_received(response)
+            leader = pair.conn.ctx.leaders.leader("topic-0", 1)
+            writes = list(pair.client.writes)
+            sent = b"".join(bytes(w) for w in writes)
+            resp = decode_response(0, 10, memoryview(sent)[9:])  # size, correlation id, tagged fields
+            # The broker's endpoints are the proxy's now (its listener for node 3): the same
+            # response apart from that port, which each proxy picks.
+            advertised = [pair.conn.ctx.cluster.advertise(3, "b3.internal", 9094)] if case != "nothing moved" else []
+            assert [(e.host, e.port) for e in resp.node_endpoints] == advertised
+            resp.node_endpoints = []
+            pair.conn._teardown()
+            return route, writes, leader, [sent[:9], encode_body(resp)]
+
+        return asyncio.run(go())
+
+    route, chunked, leader, chunked_parts = run(split=False)
+    _, assembled, leader_assembled, assembled_parts = run(split=True)
+    assert type(route) is ChunkChain
+    assert chunked_parts[1] == assembled_parts[1] and chunked_parts[0][4:] == assembled_parts[0][4:]
+    assert leader == leader_assembled
+    if case == "nothing moved":
+        assert chunked == [response] and chunked[0] is response  # the broker's very chunk
+        assert leader is None
+    if case == "moved":
+        assert leader is not None and leader.leader == 3

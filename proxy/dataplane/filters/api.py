@@ -11,8 +11,10 @@ chain is rebuilt: at start and on every reload) and the methods of the roles tha
   throttle) or :class:`Hold`;
 - chunk role (``spec.chunk``): ``on_response_chunk(ctx, entry, chunk)`` does what
   ``on_response`` does, on a chunk that is exactly one response with its size prefix, and
-  returns the chunk to send, or ``None`` to have ``on_response`` run instead; used when the
-  filter is its API's only response filter;
+  returns the chunk to send, or ``None`` to have ``on_response`` run instead; used when every
+  response filter of its API has this role (each on what the one before returned; when one
+  declines, every filter's ``on_response`` runs, so a chunk run may note on the entry what
+  ``on_response`` would, and change nothing else), except a Fetch that streams;
 - stream role (``spec.stream``, Fetch only): ``on_stream_head(ctx, entry, head)`` says whether
   the filter leaves a response with this head (a :class:`protocol.scan.FetchHead`) unchanged,
   and ``on_stream_tail(ctx, entry, node_endpoints)`` whether it leaves its tail unchanged. When

@@ -39,7 +39,7 @@ class EndpointRewriteFilter:
     # Produce / Fetch carry no endpoints before _NODE_ENDPOINTS_SINCE.
     spec = FilterSpec(response_keys=frozenset({ApiKey.METADATA, *rewrite.ENDPOINT_REWRITERS}),
                       response_since=_NODE_ENDPOINTS_SINCE,
-                      stream=True)
+                      chunk=True, stream=True)
     # Whether Fetch responses may stream (proxy.dataplane.routes.StreamRoute); off for good once a broker
     # sent NodeEndpoints where KIP-951 says it would not.
     streams = True
@@ -58,6 +58,21 @@ class EndpointRewriteFilter:
             self.streams = False
             return False
         return True
+
+    def on_response_chunk(self, ctx: FilterContext, entry: InFlight, chunk: bytes) -> Frame | None:
+        # A Produce (or share) response without NodeEndpoints, on the chunk it came in whole:
+        # nothing to rewrite. Every other response is rewritten by on_response.
+        key, version = entry.api_key, entry.api_version
+        since = _NODE_ENDPOINTS_SINCE.get(key)
+        if since is None:
+            return None
+        if version < since:
+            return chunk
+        scan = entry.scan
+        if scan is None:
+            frame = memoryview(chunk)[4:]
+            scan = _SCANNERS[key](frame[response_body_offset(frame, key, version):], version)
+        return None if scan.node_endpoints else chunk
 
     def on_response(self, ctx: FilterContext, entry: InFlight, frame: Frame) -> Frame | Hold:
         key, version = entry.api_key, entry.api_version

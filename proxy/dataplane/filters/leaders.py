@@ -54,7 +54,7 @@ _Missing = tuple[str | None, uuid.UUID | None, int, Any]
 
 
 class LeaderHintFilter:
-    spec = FilterSpec(response_keys=frozenset(HINTS_SINCE), response_since=HINTS_SINCE, stream=True)
+    spec = FilterSpec(response_keys=frozenset(HINTS_SINCE), response_since=HINTS_SINCE, chunk=True, stream=True)
 
     def __init__(self, cache: LeaderCache, refresher: ExpeditedRefresher | None, fill: bool = True,
                  wait_s: float = 0.0) -> None:
@@ -83,6 +83,19 @@ class LeaderHintFilter:
             return Hold(self._after_refresh(ctx, key, version, resp, head, bytes(frame), missing, filled, refreshed))
         ctx.stats.leader_hints["none"] += len(missing)
         return bytes(frame[:offset]) + encode_body(resp) if filled else frame
+
+    def on_response_chunk(self, ctx: FilterContext, entry: InFlight, chunk: bytes) -> Frame | None:
+        # The hot path of on_response (nothing moved: nothing to learn or fill) on the chunk a
+        # whole response came in; anything else is left to on_response.
+        key, version = entry.api_key, entry.api_version
+        if version < HINTS_SINCE[key]:
+            return chunk
+        frame = memoryview(chunk)[4:]
+        scan = entry.scan or _SCANNERS[key](frame[response_body_offset(frame, key, version):], version)
+        if _MOVED.isdisjoint(scan.error_codes):
+            entry.scan = scan  # the endpoint filter reads the same response next
+            return chunk
+        return None
 
     def on_stream_head(self, ctx: FilterContext, entry: InFlight, head: FetchHead) -> bool:
         # KIP-951: brokers set CurrentLeader and NodeEndpoints only for partitions that failed
