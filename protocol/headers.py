@@ -31,6 +31,8 @@ class RequestHeader(NamedTuple):
 
 def read_uvarint(buf: Buffer, pos: int) -> tuple[int, int]:
     """Reads Kafka's unsigned varint at ``pos``; returns (value, next position)."""
+    if pos < len(buf) and buf[pos] < 0x80:  # one byte: every length and count under 128
+        return buf[pos], pos + 1
     value = 0
     shift = 0
     while True:
@@ -48,6 +50,8 @@ def read_uvarint(buf: Buffer, pos: int) -> tuple[int, int]:
 
 def skip_tagged_fields(buf: Buffer, pos: int) -> int:
     """Skips a tagged-field section; returns the position after it."""
+    if pos < len(buf) and buf[pos] == 0:  # none: nearly every section
+        return pos + 1
     count, pos = read_uvarint(buf, pos)
     for _ in range(count):
         _tag, pos = read_uvarint(buf, pos)

@@ -217,6 +217,7 @@ def test_a_produce_response_in_one_chunk_goes_back_as_its_filters_send_it_assemb
     assert leader == leader_assembled
     if case == "nothing moved":
         assert chunked == [response] and chunked[0] is response  # the broker's very chunk
+        assert b"".join(bytes(w) for w in assembled) == response
         assert leader is None
     if case == "moved":
         assert leader is not None and leader.leader == 3

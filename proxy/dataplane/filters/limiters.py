@@ -80,7 +80,9 @@ class RateLimiterFilter:
                 lim.accumulate(usage, now)
                 t = lim.throttle_ms(usage, now)
                 if not t:  # a limiter's quota is enforced or shadowed, never both for one usage
-                    note_shadow(ctx, entry, type(lim).__qualname__, int(lim.shadow_throttle_ms(usage, now)))
+                    shadow_ms = lim.shadow_throttle_ms(usage, now)
+                    if shadow_ms:
+                        note_shadow(ctx, entry, type(lim).__qualname__, int(shadow_ms))
             except Exception:
                 # A plug-in's failure must not cost the client its connection: it is counted,
                 # logged the first time, and that limiter asks for no throttle this time.
