@@ -257,3 +257,31 @@ def test_a_fetch_count_in_steps_gives_the_one_piece_count_and_errors(version, st
         assert stepped == whole
         if cut == 0:
             assert pauses == (2 + 3 - 1) // step  # two partitions, three batches
+
+
+def _uvarint_bytes(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        if value < 0x80:
+            out.append(value)
+            return bytes(out)
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+
+
+@given(st.integers(min_value=0, max_value=2**28 - 1), st.binary(max_size=3), st.integers(min_value=0, max_value=6))
+def test_the_inline_varint_reads_what_read_uvarint_reads(value, before, cut):
+    """The scans' inline lengths (protocol.records._uvarint) give read_uvarint's value and next
+    position, and fail where it fails on a varint cut short."""
+    from protocol.headers import HeaderError, read_uvarint
+    from protocol.records import _uvarint
+
+    encoded = _uvarint_bytes(value)
+    buf = memoryview(before + encoded)
+    assert _uvarint(buf, len(before)) == read_uvarint(buf, len(before)) == (value, len(buf))
+    if cut < len(encoded):
+        short = memoryview(before + encoded[:cut])
+        with pytest.raises((IndexError, HeaderError)):
+            _uvarint(short, len(before))
+        with pytest.raises(HeaderError):
+            read_uvarint(short, len(before))
