@@ -98,6 +98,15 @@ class RateLimiter(ABC):
     def throttle_ms(self, usage: Usage, now_ms: int) -> int:
         """How long the client of ``usage`` should pause now (0: not at all)."""
 
+    def charge(self, usage: Usage, now_ms: int) -> tuple[int, int]:
+        """What the proxy calls once per usage: :meth:`accumulate`, then the throttle to apply
+        (:meth:`throttle_ms`) and, when that is 0, the one its quotas in shadow mode would
+        apply (:meth:`shadow_throttle_ms`). A limiter may answer it in one step; the
+        answer must be the same."""
+        self.accumulate(usage, now_ms)
+        throttle_ms = self.throttle_ms(usage, now_ms)
+        return throttle_ms, 0 if throttle_ms else self.shadow_throttle_ms(usage, now_ms)
+
     def shadow_throttle_ms(self, usage: Usage, now_ms: int) -> int:
         """How long the client of ``usage`` would pause now if the limiter's quotas in shadow
         mode (``QuotaRule.shadow``) were enforced; asked after :meth:`throttle_ms`, counted and
@@ -142,6 +151,17 @@ class _QuotaKindLimiter(RateLimiter):
         if kind is not None and self.manager is not None:
             decision = self.manager.check_and_record(usage.user, usage.client_id, kind, self._amount(usage), now_ms)
             self._last = (usage, decision.throttle_ms, decision.shadow)
+
+    def charge(self, usage: Usage, now_ms: int) -> tuple[int, int]:
+        # accumulate, throttle_ms and shadow_throttle_ms in one step: the entity is looked up
+        # and charged once (Sensor.record with checkQuotas gives the throttle).
+        kind = self._kind(usage)
+        if kind is None or self.manager is None:
+            return 0, 0
+        decision = self.manager.check_and_record(usage.user, usage.client_id, kind, self._amount(usage), now_ms)
+        throttle_ms, shadow = decision.throttle_ms, decision.shadow
+        self._last = (usage, throttle_ms, shadow)
+        return (0, throttle_ms) if shadow else (throttle_ms, 0)
 
     def _decided(self, usage: Usage, now_ms: int) -> tuple[int, bool]:
         last_usage, last_throttle_ms, last_shadow = self._last

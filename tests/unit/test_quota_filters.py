@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from protocol.headers import parse_request_header, response_body_offset
 from protocol.messages import decode_response
@@ -199,3 +201,33 @@ def test_limiters_with_nothing_to_enforce_ask_for_nothing():
     frame = produce_frame(9, {"t": {0: batch(3)}})
     header, entry = request(frame)
     assert f.on_request(conn(), header, frame, entry) is None and entry.produce is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([(0, False), (1, True), (78, True), (0, True), (3, False)]),
+                          st.integers(0, 50), st.integers(0, 400)), min_size=1, max_size=25),
+       st.booleans())
+def test_a_built_in_limiters_one_step_charge_answers_as_its_three_calls(usages, shadow):
+    """The built-ins' charge (one lookup) gives what RateLimiter.charge's accumulate,
+    throttle_ms and shadow_throttle_ms give, and leaves the same rates, enforced or in shadow
+    mode, for every kind they charge and for usages they do not."""
+    from quotas.limiters import BatchRateLimiter
+
+    def fresh() -> tuple[QuotaManager, list[RateLimiter]]:
+        manager = QuotaManager([QuotaRule("alice", None, {"producer_record_rate": 30, "producer_batch_rate": 3,
+                                                          "consumer_record_rate": 20}, shadow=shadow)],
+                               quota_window_num=2)
+        limiters: list[RateLimiter] = [RecordRateLimiter(), BatchRateLimiter()]
+        for lim in limiters:
+            lim.configure(LimiterContext(manager.rules, 2, 1, manager))
+        return manager, limiters
+
+    (one_manager, one_step), (three_manager, three_calls) = fresh(), fresh()
+    now = 0
+    for (api_key, response), batches, dt in usages:
+        now += dt
+        usage = Usage("alice", "app", api_key, 9, 100, batches, batches * 7, response)
+        for one, three in zip(one_step, three_calls, strict=True):
+            assert one.charge(usage, now) == RateLimiter.charge(three, usage, now)
+            assert one.throttle_ms(usage, now) == three.throttle_ms(usage, now)
+    assert sorted(one_manager.entity_stats(now)) == sorted(three_manager.entity_stats(now))

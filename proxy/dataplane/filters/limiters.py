@@ -77,12 +77,9 @@ class RateLimiterFilter:
         throttle = 0
         for lim in limiters:
             try:
-                lim.accumulate(usage, now)
-                t = lim.throttle_ms(usage, now)
-                if not t:  # a limiter's quota is enforced or shadowed, never both for one usage
-                    shadow_ms = lim.shadow_throttle_ms(usage, now)
-                    if shadow_ms:
-                        note_shadow(ctx, entry, type(lim).__qualname__, int(shadow_ms))
+                t, shadow_ms = lim.charge(usage, now)
+                if shadow_ms and not t:  # a limiter's quota is enforced or shadowed, never both for one usage
+                    note_shadow(ctx, entry, type(lim).__qualname__, int(shadow_ms))
             except Exception:
                 # A plug-in's failure must not cost the client its connection: it is counted,
                 # logged the first time, and that limiter asks for no throttle this time.
