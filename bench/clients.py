@@ -48,6 +48,13 @@ def create_topic(address: tuple[str, int], topic: str, partitions: int, timeout_
     raise RuntimeError(f"topic {topic} not ready after {timeout_s}s")
 
 
+def delete_topic(address: tuple[str, int], topic: str, timeout_s: float = 30.0, ca_file: str | None = None) -> None:
+    """Deletes ``topic`` once its run is measured: a broker with memory storage (Tansu's, in
+    the benches) gives its records back, so rounds do not add up to the machine's memory."""
+    admin = AdminClient({"bootstrap.servers": _bootstrap(address), **confluent_config(ca_file)})
+    admin.delete_topics([topic], operation_timeout=timeout_s, request_timeout=timeout_s)[topic].result(timeout_s)
+
+
 @dataclass
 class Throughput:
     records: int
