@@ -76,15 +76,20 @@ def _payloads(rng: random.Random) -> list[bytes]:
     return [rng.randbytes(n) for n in sizes]
 
 
+def _contexts(tls: bool, tmp_path) -> tuple[ssl.SSLContext | None, ssl.SSLContext | None]:
+    """The server's and the client's TLS contexts (certificates made here), or none for TCP."""
+    if not tls:
+        return None, None
+    pki = TestPki(tmp_path)
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(pki.server.cert, pki.server.key)
+    return server_ctx, ssl.create_default_context(cafile=pki.ca_file)
+
+
 async def _exchange(tls: bool, tmp_path, seed: int) -> tuple[Owner, list[bytes]]:
     loop = asyncio.get_running_loop()
     owners: list[Owner] = []
-    server_ctx = client_ctx = None
-    if tls:
-        pki = TestPki(tmp_path)
-        server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        server_ctx.load_cert_chain(pki.server.cert, pki.server.key)
-        client_ctx = ssl.create_default_context(cafile=pki.ca_file)
+    server_ctx, client_ctx = _contexts(tls, tmp_path)
 
     def made() -> Owner:
         owners.append(Owner())
@@ -177,12 +182,7 @@ def test_round_trips_stay_on_the_loops_reads_and_a_large_frame_reads_into_its_bu
     async def scenario() -> tuple[Owner, list[bool], list[bytes]]:
         loop = asyncio.get_running_loop()
         owners: list[Owner] = []
-        server_ctx = client_ctx = None
-        if tls:
-            pki = TestPki(tmp_path)
-            server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-            server_ctx.load_cert_chain(pki.server.cert, pki.server.key)
-            client_ctx = ssl.create_default_context(cafile=pki.ca_file)
+        server_ctx, client_ctx = _contexts(tls, tmp_path)
         server = await loop.create_server(lambda: owners.append(Owner()) or owners[-1], "127.0.0.1", 0,
                                           ssl=server_ctx)
         port = server.sockets[0].getsockname()[1]
