@@ -122,6 +122,7 @@ class _QuotaKindLimiter(RateLimiter):
 
     request_kinds: ClassVar[Mapping[int, str]] = MappingProxyType({})
     response_kind: ClassVar[str | None] = None
+    _one_step: ClassVar[bool] = True  # charge() without the three calls (see __init_subclass__)
 
     def __init__(self) -> None:
         self.manager = None
@@ -152,9 +153,17 @@ class _QuotaKindLimiter(RateLimiter):
             decision = self.manager.check_and_record(usage.user, usage.client_id, kind, self._amount(usage), now_ms)
             self._last = (usage, decision.throttle_ms, decision.shadow)
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # A subclass that changes what one of the three calls does is charged through them.
+        cls._one_step = all(getattr(cls, name) is getattr(_QuotaKindLimiter, name)
+                            for name in ("accumulate", "throttle_ms", "shadow_throttle_ms", "_decided"))
+
     def charge(self, usage: Usage, now_ms: int) -> tuple[int, int]:
         # accumulate, throttle_ms and shadow_throttle_ms in one step: the entity is looked up
         # and charged once (Sensor.record with checkQuotas gives the throttle).
+        if not self._one_step:
+            return super().charge(usage, now_ms)
         kind = self._kind(usage)
         if kind is None or self.manager is None:
             return 0, 0

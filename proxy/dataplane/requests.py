@@ -221,7 +221,7 @@ class RequestSide:
 
     def _forward(self, header: RequestHeader, frame: Frame, entry: InFlight, out: list[Frame]) -> None:
         if header.api_key == ApiKey.PRODUCE and header.body_offset >= 0 and (
-            (entry.produce.acks if entry.produce else produce_acks(frame, header.body_offset, header.api_version)) == 0
+            produce_acks(frame, header.body_offset, header.api_version) == 0  # the frame sent (not the scan's)
         ):
             # acks=0: the broker sends nothing back, so nothing may wait for or invent a reply;
             # a throttle can only be enforced by muting (KIP-219).

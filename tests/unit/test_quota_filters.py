@@ -231,3 +231,18 @@ def test_a_built_in_limiters_one_step_charge_answers_as_its_three_calls(usages, 
             assert one.charge(usage, now) == RateLimiter.charge(three, usage, now)
             assert one.throttle_ms(usage, now) == three.throttle_ms(usage, now)
     assert sorted(one_manager.entity_stats(now)) == sorted(three_manager.entity_stats(now))
+
+
+def test_a_built_in_limiters_subclass_that_changes_a_call_is_charged_through_the_calls():
+    """A subclass of a built-in that overrides throttle_ms (not charge) keeps its say: charge
+    goes through accumulate, throttle_ms and shadow_throttle_ms for it, as the filter did."""
+
+    class AlwaysFive(RecordRateLimiter):
+        def throttle_ms(self, usage: Usage, now_ms: int) -> int:
+            return 5
+
+    manager = QuotaManager([QuotaRule("alice", None, {"producer_record_rate": 1e9})], quota_window_num=2)
+    limiter = AlwaysFive()
+    limiter.configure(LimiterContext(manager.rules, 2, 1, manager))
+    assert limiter.charge(Usage("alice", "app", 0, 9, 100, 1, 10), 1000) == (5, 0)
+    assert RecordRateLimiter._one_step and not AlwaysFive._one_step

@@ -221,3 +221,43 @@ def test_a_produce_response_in_one_chunk_goes_back_as_its_filters_send_it_assemb
         assert leader is None
     if case == "moved":
         assert leader is not None and leader.leader == 3
+
+
+def test_acks_a_later_filter_rewrote_decide_whether_the_broker_answers():
+    """The batch scan reads a Produce before the operator's filters; one that rewrites the
+    request to acks=0 makes the proxy await no answer (the broker sends none), and the next
+    request's answer is matched to it, not taken for the Produce's."""
+    from proxy.dataplane.filters.chain import FilterChain
+    from proxy.dataplane.filters.records import ProduceScanFilter, produce_scan
+
+    from .test_connection_paths import _acks, produce
+
+    class Reader:  # reads the batches, so the scan runs first
+        spec = FilterSpec(request_keys=frozenset({ApiKey.PRODUCE}))
+
+        def on_request(self, ctx, header, frame, entry):
+            produce_scan(ctx, header, frame, entry)
+
+    class FireAndForget:  # an operator's filter: acks=0 for every Produce
+        spec = FilterSpec(request_keys=frozenset({ApiKey.PRODUCE}))
+
+        def on_request(self, ctx, header, frame, entry):
+            rewritten = bytearray(frame)
+            pos = 10 + struct.unpack_from(">h", rewritten, 8)[0] + 2  # v8, no transactional id
+            rewritten[pos : pos + 2] = struct.pack(">h", 0)
+            return Forward(bytes(rewritten))
+
+    async def go() -> Pair:
+        pair = Pair()
+        reader = Reader()
+        pair.conn.chain = pair.conn.requests.chain = FilterChain([ProduceScanFilter([reader]), reader,
+                                                                   FireAndForget()], [])
+        pair.conn.requests.table = pair.conn.chain.request
+        pair.conn.data_received(produce(8, 1, 1, "app"))
+        [sent] = pair.requests_seen_by_broker()
+        assert _acks(sent, 8) == 0 and not pair.conn.queue.awaiting  # no answer awaited
+        pair.exchange(list_offsets(2, "app"))
+        return pair
+
+    pair = asyncio.run(go())
+    assert not pair.conn.closed and pair.answered() == [2]
