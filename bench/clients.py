@@ -48,11 +48,13 @@ def create_topic(address: tuple[str, int], topic: str, partitions: int, timeout_
     raise RuntimeError(f"topic {topic} not ready after {timeout_s}s")
 
 
-def delete_topic(address: tuple[str, int], topic: str, timeout_s: float = 30.0, ca_file: str | None = None) -> None:
-    """Deletes ``topic`` once its run is measured: a broker with memory storage (Tansu's, in
-    the benches) gives its records back, so rounds do not add up to the machine's memory."""
+def delete_topics(address: tuple[str, int], topics: list[str], timeout_s: float = 30.0,
+                  ca_file: str | None = None) -> None:
+    """Deletes ``topics`` once their runs are measured: a broker with memory storage (Tansu's, in
+    the benches) keeps every record until then, so rounds would add up to the machine's memory."""
     admin = AdminClient({"bootstrap.servers": _bootstrap(address), **confluent_config(ca_file)})
-    admin.delete_topics([topic], operation_timeout=timeout_s, request_timeout=timeout_s)[topic].result(timeout_s)
+    for future in admin.delete_topics(topics, operation_timeout=timeout_s, request_timeout=timeout_s).values():
+        future.result(timeout_s)
 
 
 @dataclass

@@ -82,7 +82,7 @@ def measure(broker: Proc, mid: Proc, topic: str, size: int, records: int, max_se
     faults = minor_faults(mid.pid)
     consumed = clients.consume(mid.address, topic, 1, produced.records, watch_pid=mid.pid, broker_pid=broker.pid)
     out["consume"] = _row(consumed, minor_faults(mid.pid) - faults)
-    clients.delete_topic(mid.address, topic)  # measured: its memory back to the broker
+    clients.delete_topics(mid.address, [topic])  # measured: its memory back to the broker
     return out
 
 

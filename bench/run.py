@@ -326,7 +326,7 @@ def one_round(s: Setup, plan: Plan, rnd: int, acc: dict, profile_dir: Path | Non
                 _profile_stop(spy)
             c = clients.consume(address, topic, plan.partitions, p.records + 1,
                                 watch_pid=mid_pid, broker_pid=broker_pid, ca_file=ca)
-            clients.delete_topic(address, topic, ca_file=ca)  # measured: its memory back to the broker
+            clients.delete_topics(address, [topic], ca_file=ca)  # measured: its memory back to the broker
             pd, cd = p.as_dict(), c.as_dict()
             noisy = quiet.noisy(pd, cd)
             pd["noisy"] = cd["noisy"] = noisy

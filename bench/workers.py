@@ -31,7 +31,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient
 
 from proxy.app.procnet import TCP_LISTEN, socket_inodes, tcp_sockets
 
@@ -308,7 +307,7 @@ def one_round(t: Target, plan: LoadPlan, rnd: int, acc: dict, quiet: Quiet) -> N
             p = run_clients(t, _producer_client, topics, plan, quiet)
             c = run_clients(t, _consumer_client, topics, plan, quiet)
         finally:
-            delete_topics(t.address, topics)
+            clients.delete_topics(t.address, topics)
         p["noisy"] = c["noisy"] = quiet.noisy(p, c)
         acc.setdefault("produce", []).append(p)
         acc.setdefault("consume", []).append(c)
@@ -317,13 +316,6 @@ def one_round(t: Target, plan: LoadPlan, rnd: int, acc: dict, quiet: Quiet) -> N
             f"client connections {spread_text(p)}" + (" (noisy)" if p["noisy"] else ""))
         if not p["noisy"] or not quiet.may_retry(p["seconds"] + c["seconds"]):
             break
-
-
-def delete_topics(address: tuple[str, int], topics: list[str], timeout_s: float = 30.0) -> None:
-    """Tansu's memory storage keeps every record until its topic is deleted."""
-    admin = AdminClient({"bootstrap.servers": f"{address[0]}:{address[1]}"})
-    for future in admin.delete_topics(topics, operation_timeout=timeout_s, request_timeout=timeout_s).values():
-        future.result(timeout_s)
 
 
 def spread_text(run: dict) -> str:

@@ -31,8 +31,20 @@ class RequestHeader(NamedTuple):
 
 def read_uvarint(buf: Buffer, pos: int) -> tuple[int, int]:
     """Reads Kafka's unsigned varint at ``pos``; returns (value, next position)."""
-    if pos < len(buf) and buf[pos] < 0x80:  # one byte: every length and count under 128
-        return buf[pos], pos + 1
+    # Up to three bytes (under 2 MiB: nearly every length and count, a record set's included)
+    # read inline; longer ones, and one cut short, by the loop below.
+    try:
+        b = buf[pos]
+        if b < 0x80:
+            return b, pos + 1
+        c = buf[pos + 1]
+        if c < 0x80:
+            return (b & 0x7F) | c << 7, pos + 2
+        d = buf[pos + 2]
+        if d < 0x80:
+            return (b & 0x7F) | (c & 0x7F) << 7 | d << 14, pos + 3
+    except IndexError:
+        pass
     value = 0
     shift = 0
     while True:

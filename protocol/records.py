@@ -331,24 +331,9 @@ def _skip_fetch_partition_head(buf: Buffer, pos: int, version: int, flexible: bo
     return pos
 
 
-def _uvarint(buf: Buffer, pos: int) -> tuple[int, int]:
-    """:func:`read_uvarint` with the lengths of a Produce or Fetch (up to three bytes, 2 MiB)
-    read inline; an IndexError for one cut short (a RecordsError to the scan's caller)."""
-    b = buf[pos]
-    if b < 0x80:
-        return b, pos + 1
-    c = buf[pos + 1]
-    if c < 0x80:
-        return (b & 0x7F) | c << 7, pos + 2
-    d = buf[pos + 2]
-    if d < 0x80:
-        return (b & 0x7F) | (c & 0x7F) << 7 | d << 14, pos + 3
-    return read_uvarint(buf, pos)
-
-
 def _array_len(buf: Buffer, pos: int, flexible: bool) -> tuple[int, int]:
     if flexible:
-        n, pos = _uvarint(buf, pos)
+        n, pos = read_uvarint(buf, pos)
         n -= 1
     else:
         n = _INT32.unpack_from(buf, pos)[0]
@@ -361,14 +346,14 @@ def _array_len(buf: Buffer, pos: int, flexible: bool) -> tuple[int, int]:
 
 def _string_len(buf: Buffer, pos: int, flexible: bool) -> tuple[int, int]:
     if flexible:
-        n, pos = _uvarint(buf, pos)
+        n, pos = read_uvarint(buf, pos)
         return n - 1, pos
     return _INT16.unpack_from(buf, pos)[0], pos + 2
 
 
 def _bytes_len(buf: Buffer, pos: int, flexible: bool) -> tuple[int, int]:
     if flexible:
-        n, pos = _uvarint(buf, pos)
+        n, pos = read_uvarint(buf, pos)
         return n - 1, pos
     return _INT32.unpack_from(buf, pos)[0], pos + 4
 

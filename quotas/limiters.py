@@ -128,9 +128,7 @@ class _QuotaKindLimiter(RateLimiter):
         self.manager = None
         self.api_keys = frozenset()
         self.fetch_responses = False
-        # Recording already yields the decision (Sensor.record with checkQuotas): kept for the
-        # throttle_ms and shadow_throttle_ms calls that follow on the same usage, so the entity
-        # is looked up once.
+        # What _record gave for the last usage, so the entity is looked up once.
         self._last: tuple[Usage | None, int, bool] = (None, 0, False)
 
     def configure(self, context: LimiterContext) -> None:
@@ -148,28 +146,31 @@ class _QuotaKindLimiter(RateLimiter):
         return usage.records
 
     def accumulate(self, usage: Usage, now_ms: int) -> None:
+        self._record(usage, now_ms)
+
+    def _record(self, usage: Usage, now_ms: int) -> tuple[int, bool]:
+        """Charges ``usage`` to its kind (nothing for a kind this limiter does not enforce):
+        the throttle Sensor.record with checkQuotas gives, and whether its quota is in shadow
+        mode; kept for the throttle_ms and shadow_throttle_ms calls that follow."""
         kind = self._kind(usage)
-        if kind is not None and self.manager is not None:
-            decision = self.manager.check_and_record(usage.user, usage.client_id, kind, self._amount(usage), now_ms)
-            self._last = (usage, decision.throttle_ms, decision.shadow)
+        if kind is None or self.manager is None:
+            return 0, False
+        decision = self.manager.check_and_record(usage.user, usage.client_id, kind, self._amount(usage), now_ms)
+        self._last = (usage, decision.throttle_ms, decision.shadow)
+        return decision.throttle_ms, decision.shadow
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         # A subclass that changes what one of the three calls does is charged through them.
         cls._one_step = all(getattr(cls, name) is getattr(_QuotaKindLimiter, name)
-                            for name in ("accumulate", "throttle_ms", "shadow_throttle_ms", "_decided"))
+                            for name in ("accumulate", "throttle_ms", "shadow_throttle_ms", "_decided", "_record"))
 
     def charge(self, usage: Usage, now_ms: int) -> tuple[int, int]:
         # accumulate, throttle_ms and shadow_throttle_ms in one step: the entity is looked up
         # and charged once (Sensor.record with checkQuotas gives the throttle).
         if not self._one_step:
             return super().charge(usage, now_ms)
-        kind = self._kind(usage)
-        if kind is None or self.manager is None:
-            return 0, 0
-        decision = self.manager.check_and_record(usage.user, usage.client_id, kind, self._amount(usage), now_ms)
-        throttle_ms, shadow = decision.throttle_ms, decision.shadow
-        self._last = (usage, throttle_ms, shadow)
+        throttle_ms, shadow = self._record(usage, now_ms)
         return (0, throttle_ms) if shadow else (throttle_ms, 0)
 
     def _decided(self, usage: Usage, now_ms: int) -> tuple[int, bool]:

@@ -143,11 +143,7 @@ class QuotaManager:
         assert isinstance(state, EntityState)
         if now_ms > state.last_used_ms:
             state.last_used_ms = now_ms
-        if type(state) is RateState:  # RateState.record_and_throttle_at, inlined: every request
-            state.pending += amount
-            throttle_ms = state.rate.record_and_throttle_at(amount, state.quota, now_ms, state.max_throttle_ms)
-        else:
-            throttle_ms = state.record_and_throttle_at(amount, now_ms)
+        throttle_ms = state.record_and_throttle_at(amount, now_ms)
         if self._members > 1 and type(state) is RateState:
             throttle_ms = self._fleet_throttle_ms(state, throttle_ms, now_ms, paced)
         if throttle_ms:

@@ -197,7 +197,7 @@ def test_a_big_share_fetch_response_is_walked_in_slices_once_for_every_filter(mo
     from protocol.headers import encode_response_header
     from protocol.share_scan import scan_share_fetch
     from proxy.cluster.leaders import LeaderCache
-    from proxy.dataplane.filters import leaders
+    from proxy.dataplane.filters import leaders, records
     from proxy.dataplane.inflight import InFlight
     from tests.support.filter_context import filter_context
     from tests.unit.test_share_responses import OK_PARTITION, share_fetch_body
@@ -215,7 +215,7 @@ def test_a_big_share_fetch_response_is_walked_in_slices_once_for_every_filter(mo
                 await asyncio.sleep(0)
                 turns += 1
             decision = task.result()
-        monkeypatch.setitem(leaders._SCANNERS, ApiKey.SHARE_FETCH, lambda *a: pytest.fail("walked again"))
+        monkeypatch.setitem(records._RESPONSE_SCANNERS, ApiKey.SHARE_FETCH, lambda *a: pytest.fail("walked again"))
         answer = leaders.LeaderHintFilter(LeaderCache(), None).on_response(filter_context(), entry, decision)
         return entry, turns, answer
 

@@ -2,30 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from protocol import rewrite
 from protocol.apis import ApiKey
-from protocol.frames import Buffer
 from protocol.headers import response_body_offset
 from protocol.messages import decode_response, encode_body
 from protocol.metadata_scan import rewrite_metadata_body
-from protocol.scan import FetchHead, ResponseScan, scan_fetch_response, scan_produce_response
-from protocol.share_scan import scan_share_acknowledge, scan_share_fetch
+from protocol.scan import FetchHead
 from proxy.cluster.metadata_learner import MetadataLearner
 from proxy.cluster.offload import decode_response_off_loop, is_big, off_loop
 from proxy.dataplane.filters.api import FilterContext, FilterSpec, Frame, Hold
+from proxy.dataplane.filters.records import response_scan
 from proxy.dataplane.inflight import InFlight
 
 # First versions carrying NodeEndpoints: KIP-951's (tagged), KIP-932's (a field from v0).
 _NODE_ENDPOINTS_SINCE: dict[int, int] = {ApiKey.PRODUCE: 10, ApiKey.FETCH: 16, ApiKey.SHARE_FETCH: 0,
                                          ApiKey.SHARE_ACKNOWLEDGE: 0}
-_SCANNERS: dict[int, Callable[[Buffer, int], ResponseScan]] = {
-    ApiKey.PRODUCE: scan_produce_response, ApiKey.FETCH: scan_fetch_response,
-    ApiKey.SHARE_FETCH: lambda body, version: scan_share_fetch(body, version).scan,
-    ApiKey.SHARE_ACKNOWLEDGE: scan_share_acknowledge,
-}
 
 
 class EndpointRewriteFilter:
@@ -68,11 +61,7 @@ class EndpointRewriteFilter:
             return None
         if version < since:
             return chunk
-        scan = entry.scan
-        if scan is None:
-            frame = memoryview(chunk)[4:]
-            scan = _SCANNERS[key](frame[response_body_offset(frame, key, version):], version)
-        return None if scan.node_endpoints else chunk
+        return None if response_scan(entry, memoryview(chunk)[4:]).node_endpoints else chunk
 
     def on_response(self, ctx: FilterContext, entry: InFlight, frame: Frame) -> Frame | Hold:
         key, version = entry.api_key, entry.api_version
@@ -91,8 +80,7 @@ class EndpointRewriteFilter:
         if since is not None:
             # Hot path: walk the body without copying records (once: the leader filter may have
             # walked this very frame already); decode only to rewrite endpoints.
-            scan = entry.scan or _SCANNERS[key](memoryview(frame)[offset:], version)
-            if not scan.node_endpoints:
+            if not response_scan(entry, frame, offset).node_endpoints:
                 return frame
         body = memoryview(frame)[offset:]
         if is_big(body):  # a FindCoordinator of many groups, a Fetch of many partitions

@@ -19,18 +19,16 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 from protocol import errors
 from protocol.apis import SPECS, ApiKey, api_name
-from protocol.frames import Buffer
 from protocol.headers import RequestHeader, response_body_offset
 from protocol.messages import decode_response, encode_body
-from protocol.scan import FetchHead, ResponseScan, scan_fetch_response, scan_produce_response
-from protocol.share_scan import scan_share_acknowledge, scan_share_fetch
+from protocol.scan import FetchHead
 from proxy.cluster.leaders import ExpeditedRefresher, LeaderCache
 from proxy.dataplane.filters.api import FilterContext, FilterSpec, Forward, Frame, Hold
+from proxy.dataplane.filters.records import response_scan
 from proxy.dataplane.inflight import InFlight
 
 # First versions whose responses carry KIP-951's CurrentLeader + NodeEndpoints (KIP-932's
@@ -39,11 +37,6 @@ HINTS_SINCE: dict[int, int] = {ApiKey.PRODUCE: 10, ApiKey.FETCH: 16, ApiKey.SHAR
                                ApiKey.SHARE_ACKNOWLEDGE: 0}
 # Uplift is exact only from the version just below: the request bodies are the same.
 UPLIFT_FROM: dict[int, int] = {ApiKey.PRODUCE: 9, ApiKey.FETCH: 15}
-_SCANNERS: dict[int, Callable[[Buffer, int], ResponseScan]] = {
-    ApiKey.PRODUCE: scan_produce_response, ApiKey.FETCH: scan_fetch_response,
-    ApiKey.SHARE_FETCH: lambda body, version: scan_share_fetch(body, version).scan,
-    ApiKey.SHARE_ACKNOWLEDGE: scan_share_acknowledge,
-}
 _SHARE = (ApiKey.SHARE_FETCH, ApiKey.SHARE_ACKNOWLEDGE)
 # The topic classes of each response, whose PartitionData holds CurrentLeader.
 _TOPIC_CLASS: dict[int, str] = {ApiKey.SHARE_FETCH: "ShareFetchableTopicResponse", ApiKey.SHARE_ACKNOWLEDGE:
@@ -69,7 +62,7 @@ class LeaderHintFilter:
             return frame
         offset = response_body_offset(frame, key, version)
         # A ShareFetch response's walk, made in slices before (FetchCountFilter), or made now.
-        scan = entry.scan or _SCANNERS[key](memoryview(frame)[offset:], version)
+        scan = response_scan(entry, frame, offset)
         if _MOVED.isdisjoint(scan.error_codes):
             entry.scan = scan  # the endpoint filter reads the same frame next
             return frame  # the hot path: no partition moved
@@ -90,8 +83,7 @@ class LeaderHintFilter:
         key, version = entry.api_key, entry.api_version
         if version < HINTS_SINCE[key]:
             return chunk
-        frame = memoryview(chunk)[4:]
-        scan = entry.scan or _SCANNERS[key](frame[response_body_offset(frame, key, version):], version)
+        scan = response_scan(entry, memoryview(chunk)[4:])
         if _MOVED.isdisjoint(scan.error_codes):
             entry.scan = scan  # the endpoint filter reads the same response next
             return chunk

@@ -18,7 +18,7 @@ from protocol.share_fetch import cap_share_fetch_bytes
 from proxy.dataplane.filters.api import Defer, FilterContext, FilterSpec, Forward, Frame, ResponseDecision
 from proxy.dataplane.filters.shadow import applied, enforced
 from proxy.dataplane.inflight import InFlight
-from quotas import ADMIT, CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, REQUEST_RATE, QuotaManager
+from quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, REQUEST_RATE, QuotaManager
 
 _MAX_PACED_WAITS = 4  # a fleet member holds a Produce for at most this many sync intervals
 
@@ -70,15 +70,14 @@ class RateQuotaFilter:
     def _charged(self, ctx: FilterContext, header: RequestHeader, frame: Frame, entry: InFlight, user: str,
                  client_id: str, now: int) -> Forward | None:
         manager = self.manager
-        # ADMIT (nothing to apply, nothing to note) is what nearly every charge gives.
-        decided = manager.check_and_record(user, client_id, REQUEST_RATE, 1, now)
-        throttle = 0 if decided is ADMIT else applied(ctx, entry, REQUEST_RATE, decided).throttle_ms
+        throttle = applied(ctx, entry, REQUEST_RATE,
+                           manager.check_and_record(user, client_id, REQUEST_RATE, 1, now)).throttle_ms
         key = header.api_key
         if key == ApiKey.PRODUCE:
             # ClientQuotaManager records a Produce's request size (KafkaApis.handleProduceRequest).
-            decided = manager.check_and_record(user, client_id, PRODUCER_BYTE_RATE, len(frame), now)
-            if decided is not ADMIT:
-                throttle = max(throttle, applied(ctx, entry, PRODUCER_BYTE_RATE, decided).throttle_ms)
+            produced = applied(ctx, entry, PRODUCER_BYTE_RATE,
+                               manager.check_and_record(user, client_id, PRODUCER_BYTE_RATE, len(frame), now))
+            throttle = max(throttle, produced.throttle_ms)
         elif key == ApiKey.FETCH and header.body_offset >= 0:
             entry.fetch_session = fetch_session(frame, header.body_offset, header.api_version)
             capped = self._cap_fetch(header, frame, user, client_id)

@@ -10,9 +10,11 @@ from typing import TypeVar
 
 from protocol.apis import ApiKey
 from protocol.errors import ProtocolError
+from protocol.frames import Buffer
 from protocol.headers import RequestHeader, response_body_offset
 from protocol.records import ALL_ENTRIES, FetchRecords, ProduceScan, RecordsError, count_fetch_steps, scan_produce_steps
-from protocol.share_scan import ShareFetchBody, scan_share_fetch_steps
+from protocol.scan import ResponseScan, scan_fetch_response, scan_produce_response
+from protocol.share_scan import ShareFetchBody, scan_share_acknowledge, scan_share_fetch, scan_share_fetch_steps
 from proxy.dataplane.filters.api import Defer, FilterContext, FilterSpec, Frame, Hold, checked_spec
 from proxy.dataplane.inflight import InFlight
 from proxy.observability.logs import LogLimiter
@@ -20,6 +22,26 @@ from proxy.observability.logs import LogLimiter
 log = logging.getLogger(__name__)
 _unreadable = LogLimiter(log)  # a client can send unreadable batches at will
 _T = TypeVar("_T")
+
+# The responses KIP-951 and KIP-932 filters walk (error codes, NodeEndpoints), by API.
+_RESPONSE_SCANNERS: dict[int, Callable[[Buffer, int], ResponseScan]] = {
+    ApiKey.PRODUCE: scan_produce_response, ApiKey.FETCH: scan_fetch_response,
+    ApiKey.SHARE_FETCH: lambda body, version: scan_share_fetch(body, version).scan,
+    ApiKey.SHARE_ACKNOWLEDGE: scan_share_acknowledge,
+}
+
+
+def response_scan(entry: InFlight, frame: Buffer, offset: int | None = None) -> ResponseScan:
+    """The walk of ``frame``, a Produce, Fetch, ShareFetch or ShareAcknowledge response (no size
+    prefix; its body at ``offset`` when the caller knows it): the one a filter before this one
+    left on ``entry`` for this very frame (``entry.scan``), or made now. The caller notes it on
+    the entry when it passes the frame on unchanged."""
+    if entry.scan is not None:
+        return entry.scan
+    key, version = entry.api_key, entry.api_version
+    body = memoryview(frame)
+    return _RESPONSE_SCANNERS[key](body[response_body_offset(body, key, version) if offset is None else offset:],
+                                   version)
 
 
 def produce_scan(ctx: FilterContext, header: RequestHeader, frame: Frame, entry: InFlight) -> ProduceScan | None:
