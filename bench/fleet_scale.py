@@ -1,22 +1,28 @@
 """What the fleet's usage exchange costs one member as the fleet and its active entities grow.
 
-One Tansu broker; one real proxy with ``fleet.enabled`` and a client-id quota that covers every
-simulated entity; and simulated members: one child process that writes, for each of them, the
-report format members write (quotas.fleet: a report every sync interval, each its own
-record key and its partition of the usage topic, gzip as the proxy writes it) with an entry for
-each of the fleet's active entities (every member charged every entity: the exchange's worst
-case, and a fleet behind one load balancer's). No client sends anything through the real
-member, so what it spends is what sharing costs it.
+One Tansu broker; one real proxy with ``fleet.enabled`` and a client-id quota (``BOUND`` bytes a
+second) that covers every simulated entity; and simulated members: one child process that
+writes, for each of them, the report format members write (quotas.fleet: a report every sync
+interval, each its own record key and its partition of the usage topic, gzip as the proxy
+writes it). Every member charges every active entity (the exchange's worst case, and a fleet
+behind one load balancer's): a ``--hot`` fraction of them near their bound (together 0.9 of it),
+the others far below (``--cold``, 0.001 of it); each simulated member reports an entity as a
+member does (quotas.fleet.worth_reporting at ``--report-threshold``, and every amount of an
+entity the fleet shares), so ``--report-threshold 0`` measures the exchange that reports every
+entity. No client sends anything through the real member, so what it spends is what sharing
+costs it.
 
 Per grid point (members × active entities), over ``--seconds``: the real member's CPU (% of one
 core, every thread), the usage-topic bytes it wrote and read a second and the other members'
-entries it applied a second (``kqp_fleet_*``), its sync lag (the oldest of the members' freshest
-usage, sampled every half second), and its ``/metrics`` answer time (a client's stand-in: a
-member busy with the exchange answers it late). The simulator's own lateness is reported too: a
-point where it could not keep up measures less than it says.
+entries it applied (and dropped, past ``fleet.max_remote_entries_per_s``) a second
+(``kqp_fleet_*``), its sync lag (the oldest of the members' freshest usage, sampled every half
+second), its ``/metrics`` answer time (a client's stand-in: a member busy with the exchange
+answers it late), and its accuracy: the rate it holds for the hot entities it shows in
+``kqp_quota_rate`` against the rate the simulated members charged them. The simulator's own
+lateness is reported too: a point where it could not keep up measures less than it says.
 
     python -m bench.fleet_scale                          # 4x2000,8x5000 (members x entities)
-    python -m bench.fleet_scale --grid 3x1000,4x2000 --seconds 20 --json out.json
+    python -m bench.fleet_scale --grid 3x1000,32x10000,128x10000 --seconds 20 --json out.json
 """
 
 from __future__ import annotations
@@ -40,10 +46,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench import clients
 from bench.procs import CpuClock, Launcher
 from quotas.common import PRODUCER_BYTE_RATE
-from quotas.fleet import UsageEntry, UsageReport, encode_report
+from quotas.fleet import UsageEntry, UsageReport, encode_report, worth_reporting
 
 TOPIC = "__kqp_quota_usage"
 SYNC_INTERVAL_MS = 250
+BOUND = 10_000_000  # every client id's producer_byte_rate, bytes a second
+HOT_TOTAL = 0.9  # of the bound: what the whole fleet charges a hot entity
+WINDOW_S = 11  # the quota window (Kafka's 11 x 1 s, the proxy's default)
 # Where a report's incarnation, sequence number and send time sit (quotas.fleet's documented
 # encoding: magic, version u8, incarnation u64, seq u64, sent_at_ms i64): rewritten in place for
 # every report, so the simulator does not encode thousands of entries each interval.
@@ -54,7 +63,7 @@ _COUNTERS_AT = 5
 @dataclass(frozen=True)
 class Point:
     members: int  # simulated members, besides the real one
-    entities: int  # active entities, each in every member's report
+    entities: int  # active entities, each charged by every member
 
     @property
     def label(self) -> str:
@@ -69,33 +78,61 @@ def parse_grid(text: str) -> list[Point]:
     return points
 
 
-def proxy_yaml(partitions: int) -> str:
-    """Every client id under a quota far above what it can reach, so the real member keeps a
-    state for every simulated entity and applies every entry it reads."""
+@dataclass(frozen=True)
+class Load:
+    hot: float  # the fraction of the active entities near their bound
+    cold: float  # what each of the others is charged, a fraction of its bound (the whole fleet's)
+    report_threshold: float  # fleet.report_threshold, of the real member and the simulated ones
+
+    def hot_entities(self, point: Point) -> int:
+        return max(1, round(point.entities * self.hot))
+
+
+def proxy_yaml(partitions: int, load: Load) -> str:
+    """Every client id under a bound of BOUND bytes a second: the real member keeps a state for
+    every entity reported and applies every entry it reads."""
     return ("quotas:\n"
             "  - client_id: \"<default>\"\n"
-            "    producer_byte_rate: 1000000000000\n"
+            f"    producer_byte_rate: {BOUND}\n"
             "fleet:\n"
             "  enabled: true\n"
             f"  partitions: {partitions}\n"
-            f"  sync_interval_ms: {SYNC_INTERVAL_MS}\n")
+            f"  sync_interval_ms: {SYNC_INTERVAL_MS}\n"
+            f"  report_threshold: {load.report_threshold}\n")
 
 
-def simulate(address: tuple[str, int], point: Point, partitions: int, stop: Any, conn: Any) -> None:
+def member_entries(point: Point, load: Load, member: int) -> tuple[UsageEntry, ...]:
+    """What one simulated member reports every interval: each entity's part of what the fleet
+    (the real member included, which charges nothing) charges it, varied by ±20 % between
+    members (gzip would shrink reports of equal amounts far below what members write), where
+    it is worth reporting as a member decides it. Every member charges an entity alike, so one
+    reports it where all do: the fleet shares it."""
+    rng = random.Random(member)
+    members = point.members + 1
+    hot = load.hot_entities(point)
+    out = []
+    for i in range(point.entities):
+        fleet_rate = BOUND * (HOT_TOTAL if i < hot else load.cold)
+        amount = fleet_rate * SYNC_INTERVAL_MS / 1000 / members
+        if worth_reporting(amount, BOUND, SYNC_INTERVAL_MS, members, load.report_threshold):
+            out.append(UsageEntry(PRODUCER_BYTE_RATE, None, f"client-{i}", round(amount * rng.uniform(0.8, 1.2))))
+    return tuple(out)
+
+
+def simulate(address: tuple[str, int], point: Point, load: Load, partitions: int, stop: Any, conn: Any) -> None:
     """Child process: every sync interval, one report a simulated member, until ``stop`` is set;
-    sends back ("done", {intervals, late intervals, the longest lateness in ms, bytes written})."""
+    sends back ("done", {intervals, late intervals, the longest lateness in ms, bytes written,
+    entries a member reports})."""
     from confluent_kafka import Producer
 
     producer = Producer({"bootstrap.servers": f"{address[0]}:{address[1]}", "compression.type": "gzip",
                          "linger.ms": 5, "acks": 1, "message.max.bytes": 10 << 20})
     members = []
+    reported = 0
     for m in range(point.members):
         member_id = f"sim-member-{m}"
-        # Amounts that differ from entity to entity and member to member, as charged bytes do:
-        # gzip would shrink reports of equal amounts (in one batch) far below what members write.
-        rng = random.Random(m)
-        entries = tuple(UsageEntry(PRODUCER_BYTE_RATE, None, f"client-{i}", float(rng.randrange(100, 1_000_000)))
-                        for i in range(point.entities))
+        entries = member_entries(point, load, m)
+        reported = len(entries)
         chunks = [bytearray(v) for v in encode_report(UsageReport(member_id, 1, 0, 0, SYNC_INTERVAL_MS, entries))]
         members.append((member_id.encode(), zlib.crc32(member_id.encode()) % partitions, chunks))
     interval_s = SYNC_INTERVAL_MS / 1000
@@ -122,19 +159,19 @@ def simulate(address: tuple[str, int], point: Point, partitions: int, stop: Any,
             time.sleep(-behind_s)
     producer.flush(10)
     conn.send(("done", {"intervals": intervals, "late_intervals": late, "worst_late_ms": worst_ms,
-                        "bytes_written": written}))
+                        "bytes_written": written, "entries_per_report": reported}))
 
 
 def scrape(address: tuple[str, int], timeout_s: float = 5.0) -> tuple[dict[str, float], float]:
-    """The real member's ``kqp_fleet_*`` samples ({name{labels}: value}) and how long
-    ``/metrics`` took to answer, in ms."""
+    """The real member's ``kqp_fleet_*`` and ``kqp_quota_rate`` samples ({name{labels}: value})
+    and how long ``/metrics`` took to answer, in ms."""
     t0 = time.perf_counter()
     with urllib.request.urlopen(f"http://{address[0]}:{address[1]}/metrics", timeout=timeout_s) as r:
         text = r.read().decode()
     took_ms = (time.perf_counter() - t0) * 1000
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
-        if family.name.startswith("kqp_fleet"):
+        if family.name.startswith("kqp_fleet") or family.name == "kqp_quota_rate":
             for s in family.samples:
                 labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
                 out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
@@ -146,7 +183,23 @@ def lag_s(samples: dict[str, float]) -> float:
     return max((v for k, v in samples.items() if k.startswith("kqp_fleet_sync_lag_seconds")), default=0.0)
 
 
-def measure(point: Point, workdir: Path, seconds: float, partitions: int) -> dict[str, Any]:
+def hot_accuracy(samples: dict[str, float], point: Point, load: Load) -> float | None:
+    """The rate the real member holds for the hot entities it shows, over what the simulated
+    members charge them (their part of HOT_TOTAL x BOUND): 1.0 is exact; None: none shown."""
+    hot = load.hot_entities(point)
+    truth = BOUND * HOT_TOTAL * point.members / (point.members + 1)
+    seen = [v for k, v in samples.items() if k.startswith("kqp_quota_rate{")
+            for i in [_client_index(k)] if i is not None and i < hot]
+    return sum(seen) / len(seen) / truth if seen else None
+
+
+def _client_index(key: str) -> int | None:
+    _, found, rest = key.partition("client_id=client-")
+    digits = rest.split(",", 1)[0].rstrip("}")
+    return int(digits) if found and digits.isdigit() else None
+
+
+def measure(point: Point, load: Load, workdir: Path, seconds: float, partitions: int) -> dict[str, Any]:
     launcher = Launcher(workdir / point.label)
     ctx = mp.get_context("spawn")
     stop = ctx.Event()
@@ -155,9 +208,9 @@ def measure(point: Point, workdir: Path, seconds: float, partitions: int) -> dic
     try:
         broker = launcher.tansu_broker(name="fleet-tansu-broker")
         clients.create_topic(broker.address, TOPIC, partitions)
-        member = launcher.our_proxy(broker.address, name="fleet-member", extra_yaml=proxy_yaml(partitions))
+        member = launcher.our_proxy(broker.address, name="fleet-member", extra_yaml=proxy_yaml(partitions, load))
         metrics = tuple(member.extra["metrics"])
-        sim = ctx.Process(target=simulate, args=(broker.address, point, partitions, stop, there), daemon=True)
+        sim = ctx.Process(target=simulate, args=(broker.address, point, load, partitions, stop, there), daemon=True)
         sim.start()
         deadline = time.monotonic() + 60
         while True:  # until the real member hears every simulated one
@@ -165,16 +218,20 @@ def measure(point: Point, workdir: Path, seconds: float, partitions: int) -> dic
             if samples.get("kqp_fleet_members", 0) >= point.members + 1 or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
-        time.sleep(2 * SYNC_INTERVAL_MS / 1000)
+        # A quota window (Kafka's 11 x 1 s) of reports first: the rates read are then the fleet's.
+        time.sleep(WINDOW_S)
         before, _ = scrape(metrics)
         clock = CpuClock(member.pid)
         t0 = time.monotonic()
-        lags, answers = [], []
+        lags, answers, accuracy = [], [], []
         while time.monotonic() - t0 < seconds:
             time.sleep(0.5)
             samples, took_ms = scrape(metrics, timeout_s=30)
             lags.append(lag_s(samples))
             answers.append(took_ms)
+            seen = hot_accuracy(samples, point, load)
+            if seen is not None:
+                accuracy.append(seen)
         elapsed = time.monotonic() - t0
         cpu_s = clock.elapsed()
         after, _ = scrape(metrics)
@@ -191,6 +248,8 @@ def measure(point: Point, workdir: Path, seconds: float, partitions: int) -> dic
             "written_bytes_per_s": rate("kqp_fleet_sync_bytes_total{direction=written}"),
             "read_bytes_per_s": rate("kqp_fleet_sync_bytes_total{direction=read}"),
             "remote_entries_per_s": rate("kqp_fleet_remote_entries_total"),
+            "dropped_entries_per_s": rate("kqp_fleet_remote_entries_dropped_total"),
+            "hot_accuracy": (min(accuracy), max(accuracy)) if accuracy else None,
             "sync_lag_max_s": max(lags, default=0.0),
             "metrics_answer_max_ms": max(answers, default=0.0),
             "simulator": sim_stats,
@@ -209,13 +268,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grid", default="4x2000,8x5000", help="simulated members x active entities, comma-separated")
     parser.add_argument("--seconds", type=float, default=15.0, help="measured time per grid point")
     parser.add_argument("--partitions", type=int, default=1, help="the usage topic's partitions (fleet.partitions)")
+    parser.add_argument("--hot", type=float, default=0.01, help="fraction of the entities near their bound")
+    parser.add_argument("--cold", type=float, default=0.001, help="what each other entity is charged, of its bound")
+    parser.add_argument("--report-threshold", type=float, default=0.5, help="fleet.report_threshold (0: every entity)")
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="kqp-fleet-scale-"))
+    load = Load(args.hot, args.cold, args.report_threshold)
     rows = []
     for point in parse_grid(args.grid):
-        row = measure(point, workdir, args.seconds, args.partitions)
+        row = measure(point, load, workdir, args.seconds, args.partitions)
+        row["load"] = {"hot": load.hot, "cold": load.cold, "report_threshold": load.report_threshold}
         rows.append(row)
         sim = row["simulator"]
         print(f"[{time.strftime('%H:%M:%S')}] {point.label}: member CPU {row['cpu_pct']:.1f} % of a core, "
@@ -223,12 +287,14 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['remote_entries_per_s']:,.0f} remote entries/s, lag {row['sync_lag_max_s']:.2f} s, "
               f"/metrics {row['metrics_answer_max_ms']:.0f} ms; simulator late in {sim.get('late_intervals', '?')} "
               f"of {sim.get('intervals', '?')} intervals", file=sys.stderr, flush=True)
-    print(f"{'members':>8} {'entities':>9} {'CPU %':>7} {'read kB/s':>10} {'written kB/s':>13} {'entries/s':>10} "
-          f"{'lag s':>6} {'/metrics ms':>12}")
+    print(f"{'members':>8} {'entities':>9} {'reported':>9} {'CPU %':>7} {'read kB/s':>10} {'written kB/s':>13} "
+          f"{'entries/s':>10} {'dropped/s':>10} {'lag s':>6} {'/metrics ms':>12} {'hot accuracy':>13}")
     for r in rows:
-        print(f"{r['members']:>8} {r['entities']:>9,} {r['cpu_pct']:>7.1f} {r['read_bytes_per_s'] / 1e3:>10,.1f} "
-              f"{r['written_bytes_per_s'] / 1e3:>13,.1f} {r['remote_entries_per_s']:>10,.0f} "
-              f"{r['sync_lag_max_s']:>6.2f} {r['metrics_answer_max_ms']:>12.0f}")
+        acc = r["hot_accuracy"]
+        print(f"{r['members']:>8} {r['entities']:>9,} {r['simulator'].get('entries_per_report', 0):>9,} "
+              f"{r['cpu_pct']:>7.1f} {r['read_bytes_per_s'] / 1e3:>10,.1f} {r['written_bytes_per_s'] / 1e3:>13,.1f} "
+              f"{r['remote_entries_per_s']:>10,.0f} {r['dropped_entries_per_s']:>10,.0f} {r['sync_lag_max_s']:>6.2f} "
+              f"{r['metrics_answer_max_ms']:>12.0f} {f'{acc[0]:.2f}-{acc[1]:.2f}' if acc else '-':>13}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
     return 0

@@ -13,6 +13,7 @@ import yaml
 
 from quotas.common import ALL_KINDS, ENFORCE, MODES, PRODUCER_IDS_RATE, SHADOW, USER_LEVEL_ONLY_KINDS
 from quotas.entities import QuotaRule
+from quotas.fleet import MAX_RECORD_ENTRIES
 from quotas.limiters import load_limiter_class
 
 from .filters import read_filters
@@ -229,6 +230,10 @@ def _fleet(data: Any, path: str) -> FleetConfig:
     if errors_so_far() == before and member_timeout_ms < 2 * sync_interval_ms:
         invalid(f"{path}.member_timeout_ms", f"must be at least twice sync_interval_ms ({sync_interval_ms}), "
                 f"got {member_timeout_ms}: a member would leave between two reports", None)
+    report_threshold = read_number(m, "report_threshold", path, d.report_threshold, 0.0)
+    if report_threshold > 1:
+        report_threshold = invalid(f"{path}.report_threshold", f"must be a number in [0, 1], got {report_threshold!r}",
+                                   d.report_threshold)
     return FleetConfig(
         enabled=read_bool(m, "enabled", path, d.enabled),
         topic=topic,
@@ -238,6 +243,9 @@ def _fleet(data: Any, path: str) -> FleetConfig:
         member_timeout_ms=member_timeout_ms,
         fallback=fallback,
         instance_id=instance_id,
+        report_threshold=report_threshold,
+        max_remote_entries_per_s=read_int(m, "max_remote_entries_per_s", path, d.max_remote_entries_per_s,
+                                          MAX_RECORD_ENTRIES, 100_000_000),
     )
 
 

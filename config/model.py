@@ -265,6 +265,12 @@ class FleetConfig:
     # the members last known here (never more than the quota in total), "local" the whole bound.
     fallback: str = "share"
     instance_id: str | None = None  # None: the advertised host and bootstrap port
+    # An entity is reported only when this instance charged it at least this fraction of its
+    # bound / the members over an interval, or the fleet shares it already (0: every entity).
+    report_threshold: float = 0.5
+    # The other members' entries this instance applies a second at most (a record past it is
+    # counted and dropped unread): what a flood on the topic can cost it.
+    max_remote_entries_per_s: int = 50_000
 
 
 MAX_WORKERS = 256

@@ -53,6 +53,7 @@ class EntityState:
         "remote",
         "local_share",
         "remote_rate",
+        "shared_until_ms",
     )
 
     def __init__(self, resolved: ResolvedQuota, rate: WindowedRate, now_ms: int) -> None:
@@ -67,6 +68,9 @@ class EntityState:
         self.remote = 0.0  # the other members' usage read since the last report
         self.local_share = 1.0  # this instance's part of the fleet's recent usage (moving average)
         self.remote_rate: WindowedRate | None = None  # the other members' part of ``rate``, once they had any
+        # Until then the fleet shares this entity (a member reported it): every amount charged
+        # here is reported, however small (QuotaManager.take_local_usage).
+        self.shared_until_ms = 0
 
     def set_quota(self, resolved: ResolvedQuota, share: int = 1) -> None:
         """The rule's bound, divided by ``share`` (the fleet's fallback: a bound per instance)."""
@@ -77,6 +81,7 @@ class EntityState:
         """Another fleet member's usage, into the same samples as this instance's own (and into
         ``remote_rate``, per report, never per request, so the local part can be told apart)."""
         self.remote += amount
+        self.shared_until_ms = now_ms + self.rate.window_num * self.rate.window_size_ms
         self.rate.record_at(amount, now_ms)
         remote_rate = self.remote_rate
         if remote_rate is None:

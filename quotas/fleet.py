@@ -18,7 +18,6 @@ finite number in [0, :data:`MAX_AMOUNT`]. Pure: no I/O, time is an argument.
 
 from __future__ import annotations
 
-import math
 import struct
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -42,6 +41,9 @@ KINDS = (PRODUCER_BYTE_RATE, CONSUMER_BYTE_RATE, REQUEST_RATE, CONTROLLER_MUTATI
 _KIND_INDEX = {k: i for i, k in enumerate(KINDS)}
 MAX_AMOUNT = 1e13  # per entity and interval: 10 TB, or ten trillion requests or records
 MAX_RECORD_BYTES = 1 << 20  # a report larger than this is split into several records
+# A report of more entries is split too: a reader applies a record whole or not at all, and
+# fleet.max_remote_entries_per_s is at least this.
+MAX_RECORD_ENTRIES = 10_000
 _MAX_NAME_BYTES = 2**15 - 1
 
 _HEAD = struct.Struct(">4sBQQqI")  # magic, version, incarnation, seq, sent_at_ms, interval_ms
@@ -80,13 +82,15 @@ class UsageReport:
     entries: tuple[UsageEntry, ...] = ()
 
 
-def encode_report(report: UsageReport, max_bytes: int = MAX_RECORD_BYTES) -> list[bytes]:
-    """The report as one record value or, past ``max_bytes``, several (each a report of its
-    own, with consecutive sequence numbers from ``report.seq``)."""
-    return [value for value, _ in encode_chunks(report, max_bytes)]
+def encode_report(report: UsageReport, max_bytes: int = MAX_RECORD_BYTES,
+                  max_entries: int = MAX_RECORD_ENTRIES) -> list[bytes]:
+    """The report as one record value or, past ``max_bytes`` or ``max_entries``, several (each
+    a report of its own, with consecutive sequence numbers from ``report.seq``)."""
+    return [value for value, _ in encode_chunks(report, max_bytes, max_entries)]
 
 
-def encode_chunks(report: UsageReport, max_bytes: int = MAX_RECORD_BYTES) -> list[tuple[bytes, tuple[UsageEntry, ...]]]:
+def encode_chunks(report: UsageReport, max_bytes: int = MAX_RECORD_BYTES,
+                  max_entries: int = MAX_RECORD_ENTRIES) -> list[tuple[bytes, tuple[UsageEntry, ...]]]:
     """:func:`encode_report`, each record value with the entries it carries (so that a writer
     sending them one by one knows what each one that landed has told)."""
     instance = report.instance_id.encode()
@@ -96,7 +100,7 @@ def encode_chunks(report: UsageReport, max_bytes: int = MAX_RECORD_BYTES) -> lis
     size = head_size = _HEAD.size + 2 + len(instance) + 4
     for e in report.entries:
         body = _entry_bytes(e)
-        if chunks[-1] and size + len(body) > max_bytes:
+        if chunks[-1] and (size + len(body) > max_bytes or len(chunks[-1]) >= max_entries):
             chunks.append([])
             size = head_size
         chunks[-1].append((body, e))
@@ -122,8 +126,16 @@ def _name(s: str | None) -> bytes:
     return _I16.pack(len(b)) + b
 
 
-def decode_report(data: bytes) -> UsageReport:
-    """The report in ``data``; BadReport (see the module docstring) otherwise."""
+def report_head(data: bytes) -> tuple[UsageReport, int]:
+    """The report in ``data`` without its entries, and how many it announces: what a reader
+    checks before spending anything on them. BadReport as :func:`decode_report` for a record
+    whose head does not read (its entries are checked only when decoded)."""
+    head, count, _ = _read_head(data)
+    return head, count
+
+
+def _read_head(data: bytes) -> tuple[UsageReport, int, int]:
+    """(the report without its entries, the entries announced, where they start)."""
     view = memoryview(data)
     if bytes(view[: len(MAGIC)]) != MAGIC:
         raise BadReport("not_a_report", f"starts {bytes(view[:8])!r}")
@@ -135,23 +147,76 @@ def decode_report(data: bytes) -> UsageReport:
     reader = _Reader(view, _HEAD.size)
     instance = reader.text(reader.u16())
     count = reader.u32()
-    if count * _MIN_ENTRY_BYTES > reader.left():
-        raise BadReport("truncated", f"{count} entries announced, {reader.left()} bytes left")
-    entries = []
-    for _ in range(count):
-        index = reader.u8()
-        if index >= len(KINDS):
-            raise BadReport("unknown_kind", f"kind {index}")
-        user, client_id = reader.name(), reader.name()
-        amount = reader.f64()
-        if not (math.isfinite(amount) and 0 <= amount <= MAX_AMOUNT):
-            raise BadReport("bad_amount", f"{amount!r} for {KINDS[index]}")
-        entries.append(UsageEntry(KINDS[index], user, client_id, amount))
-    if reader.left():
-        raise BadReport("trailing_bytes", f"{reader.left()} bytes after the entries")
     if not instance:
         raise BadReport("no_instance", "empty instance id")
-    return UsageReport(instance, incarnation, seq, sent_at_ms, interval_ms, tuple(entries))
+    if count * _MIN_ENTRY_BYTES > reader.left():
+        raise BadReport("truncated", f"{count} entries announced, {reader.left()} bytes left")
+    return UsageReport(instance, incarnation, seq, sent_at_ms, interval_ms), count, reader.pos
+
+
+def worth_reporting(amount: float, bound: float, interval_ms: int, members: int, threshold: float) -> bool:
+    """Whether ``amount``, what one member charged an entity in one sync interval, is worth the
+    other members' reading: at least ``threshold`` x the entity's ``bound`` over the interval,
+    divided among the ``members``. When no member reports an entity, each charged it less than
+    that, so the fleet's rate of it stays under ``threshold`` x its bound and no member would
+    throttle it had they all heard (the guarantee of Raghavan et al.'s distributed rate limiting,
+    SIGCOMM 2007: coordinate only where demand nears the limit). ``threshold`` 0: every amount."""
+    return amount >= threshold * bound * interval_ms / 1000 / max(members, 1)
+
+
+EntityKey = tuple[str, str | None, str | None]  # (kind, user, client id), as QuotaManager keys an entity
+
+
+def decode_report(data: bytes) -> UsageReport:
+    """The report in ``data``; BadReport (see the module docstring) otherwise."""
+    head, amounts = decode_usage(data)
+    return UsageReport(head.instance_id, head.incarnation, head.seq, head.sent_at_ms, head.interval_ms,
+                       tuple(UsageEntry(kind, user, client_id, amount) for (kind, user, client_id), amount in amounts))
+
+
+def decode_usage(data: bytes) -> tuple[UsageReport, list[tuple[EntityKey, float]]]:
+    """:func:`decode_report`, the entries as ((kind, user, client id), amount) pairs, the report
+    without them: what a member applies, read with no object made per entry (a member reads
+    tens of thousands a second)."""
+    head, count, pos = _read_head(data)
+    data = bytes(data)
+    size = len(data)
+    n_kinds = len(KINDS)
+    entries: list[tuple[EntityKey, float]] = []
+    try:
+        for _ in range(count):
+            index = data[pos]
+            if index >= n_kinds:
+                raise BadReport("unknown_kind", f"kind {index}")
+            user, pos = _read_name(data, pos + 1, size)
+            client_id, pos = _read_name(data, pos, size)
+            (amount,) = _ENTRY_TAIL.unpack_from(data, pos)
+            pos += 8
+            if not 0 <= amount <= MAX_AMOUNT:  # NaN fails both comparisons; infinities the second
+                raise BadReport("bad_amount", f"{amount!r} for {KINDS[index]}")
+            entries.append(((KINDS[index], user, client_id), amount))
+    except (IndexError, struct.error):
+        raise BadReport("truncated", f"an entry runs past the record's {size} bytes") from None
+    if pos != size:
+        raise BadReport("trailing_bytes", f"{size - pos} bytes after the entries")
+    return head, entries
+
+
+def _read_name(data: bytes, pos: int, size: int) -> tuple[str | None, int]:
+    """An entity name (i16 length + UTF-8, -1: none) at ``pos``, and where it ends."""
+    (n,) = _I16.unpack_from(data, pos)
+    pos += 2
+    if n == -1:
+        return None, pos
+    if n < -1:
+        raise BadReport("bad_text", f"length {n}")
+    end = pos + n
+    if end > size:
+        raise BadReport("truncated", f"a name of {n} bytes at {pos}, {size - pos} left")
+    try:
+        return data[pos:end].decode(), end
+    except UnicodeDecodeError as exc:
+        raise BadReport("bad_text", str(exc)) from None
 
 
 class _Reader:
@@ -170,29 +235,17 @@ class _Reader:
         self.pos += n
         return part
 
-    def u8(self) -> int:
-        return self._take(1)[0]
-
     def u16(self) -> int:
         return int(_U16.unpack(self._take(2))[0])
 
     def u32(self) -> int:
         return int(_U32.unpack(self._take(4))[0])
 
-    def f64(self) -> float:
-        return float(_ENTRY_TAIL.unpack(self._take(8))[0])
-
     def text(self, n: int) -> str:
         try:
             return str(self._take(n), "utf-8")
         except UnicodeDecodeError as exc:
             raise BadReport("bad_text", str(exc)) from None
-
-    def name(self) -> str | None:
-        (n,) = _I16.unpack(self._take(2))
-        if n < -1:
-            raise BadReport("bad_text", f"length {n}")
-        return None if n == -1 else self.text(n)
 
 
 @dataclass
@@ -243,6 +296,34 @@ class FleetMembers:
 
     def __len__(self) -> int:
         return len(self._members)
+
+
+class EntryBudget:
+    """How many of the other members' entries a member may still apply, or refuse whole: at most
+    ``per_s`` a second once the history is read, and up to ``window_ms`` of them (the history
+    inside the quota window) until then. A flood on the topic costs a member that much and no
+    more; a member's own records hold at most MAX_RECORD_ENTRIES, never more than a second's worth
+    (fleet.max_remote_entries_per_s is at least that). Pure: time is an argument."""
+
+    __slots__ = ("per_s", "left", "at_ms")
+
+    def __init__(self, per_s: int, window_ms: int, now_ms: int) -> None:
+        self.per_s = per_s
+        self.left = float(per_s) * max(window_ms / 1000, 1.0)
+        self.at_ms = now_ms
+
+    def take(self, entries: int, now_ms: int, loaded: bool) -> bool:
+        """Whether ``entries`` may be applied now (then they are taken from what is left).
+        ``loaded``: the history has been read, so what is left refills, up to a second's worth."""
+        elapsed_ms = now_ms - self.at_ms
+        if elapsed_ms > 0:
+            self.at_ms = now_ms
+            if loaded:
+                self.left = min(float(self.per_s), self.left + self.per_s * elapsed_ms / 1000)
+        if entries > self.left:
+            return False
+        self.left -= entries
+        return True
 
 
 def usage_entries(pending: Iterable[tuple[tuple[str, str | None, str | None], float]]) -> tuple[UsageEntry, ...]:

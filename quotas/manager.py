@@ -41,6 +41,7 @@ from quotas.entities import (
     resolver_of,
 )
 from quotas.entity_state import BucketState, EntityState, EntityStats, KindCounters, RateState
+from quotas.fleet import worth_reporting
 from quotas.rate import WindowedRate
 from quotas.token_bucket import TokenBucket
 
@@ -88,6 +89,7 @@ class QuotaManager:
         self._members = 1  # fleet members sharing usage (1: no fleet, or alone in it)
         self._sync_interval_ms = 0
         self._next_sync_ms = 0
+        self.withheld_total = 0  # entities' interval usage left out of the fleet's reports (take_local_usage)
 
     # -- rules ------------------------------------------------------------------------------
 
@@ -266,18 +268,34 @@ class QuotaManager:
 
     # -- the fleet (quotas.fleet): usage shared with other instances -------------------------
 
-    def take_local_usage(self, now_ms: int = 0) -> list[tuple[tuple[str, str | None, str | None], float]]:
+    def take_local_usage(self, now_ms: int = 0,
+                         report_threshold: float = 0.0) -> list[tuple[tuple[str, str | None, str | None], float]]:
         """What this instance charged each entity since the last call ((kind, user, client id)
         labels, amount), for the fleet's next report; a net give-back (an un-recorded Fetch) is
-        carried into the next interval rather than sent."""
+        carried into the next interval rather than sent.
+
+        With ``report_threshold`` (the fleet's), an entity is left out unless what it was charged
+        is worth the others' reading (quotas.fleet.worth_reporting: that fraction of its bound
+        over the interval, divided among the members) or the fleet shares it already (a member,
+        this one or another, reported it within its quota window); then every amount is. What
+        is left out is dropped (counted in ``withheld_total``), never sent later: the fleet's
+        rate of an entity nobody reports is under that fraction of its bound."""
         self._next_sync_ms = now_ms + self._sync_interval_ms
+        interval_ms, members = self._sync_interval_ms, self._members
         out = []
         for key, state in self._table.items():
             pending = state.pending
             if pending > 0:
-                out.append((key, pending))
                 state.pending = 0.0
-                state.reported = pending
+                if (report_threshold and state.shared_until_ms <= now_ms
+                        and not worth_reporting(pending, state.resolved.quota, interval_ms, members, report_threshold)):
+                    self.withheld_total += 1
+                    state.reported = 0.0
+                else:
+                    out.append((key, pending))
+                    state.reported = pending
+                    if report_threshold:
+                        state.shared_until_ms = now_ms + state.rate.window_num * state.rate.window_size_ms
             else:
                 state.reported = 0.0
                 pending = 0.0

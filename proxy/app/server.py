@@ -20,7 +20,8 @@ from proxy.cluster.leaders import ExpeditedRefresher, LeaderCache, LeaderCollect
 from proxy.cluster.metadata_learner import MetadataLearner
 from proxy.cluster.refresh import refresh_once
 from proxy.cluster.topics import TopicCache
-from proxy.control.fleet import FleetCollector, FleetExchange
+from proxy.control.fleet import FleetExchange
+from proxy.control.fleet_metrics import FleetCollector
 from proxy.control.quota_store import OverlayStore, QuotaStore
 from proxy.control.quota_store_metrics import QuotaStoreCollector
 from proxy.control.quota_topic_store import TopicStore

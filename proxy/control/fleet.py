@@ -37,12 +37,11 @@ import secrets
 import time
 import zlib
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from kafka.protocol.consumer import FetchRequest, ListOffsetsRequest
 from kafka.record import MemoryRecords
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from config.model import FleetConfig
 from proxy.cluster.brokers import Cluster
@@ -52,7 +51,18 @@ from proxy.cluster.refresh import fetch_topic_metadata
 from proxy.control.quota_topic_producer import PartitionProducer, StoreError, broker_error
 from proxy.control.topic_admin import create_topic
 from quotas.common import PRODUCER_IDS_RATE
-from quotas.fleet import BadReport, FleetMembers, UsageEntry, UsageReport, decode_report, encode_chunks, usage_entries
+from quotas.fleet import (
+    BadReport,
+    EntityKey,
+    EntryBudget,
+    FleetMembers,
+    UsageEntry,
+    UsageReport,
+    decode_usage,
+    encode_chunks,
+    report_head,
+    usage_entries,
+)
 from quotas.manager import QuotaManager
 from quotas.producer_ids import ProducerIdQuotaManager
 
@@ -62,6 +72,7 @@ _UNKNOWN_TOPIC_OR_PARTITION = 3
 _MAX_FETCH_BYTES = 4 << 20  # per partition and fetch: a hostile writer cannot make a read unbounded
 _GZIP = 1  # Kafka's compression codec id
 _FAILURES = (OSError, TimeoutError, asyncio.IncompleteReadError, ConnectionError, ValueError)
+APPLY_SLICE_ENTRIES = 500  # the other members' entries applied between two turns of the loop (a few ms)
 
 
 def _monotonic_ms() -> int:
@@ -97,6 +108,9 @@ class FleetExchange:
         self.bytes_sent = 0
         self.bytes_read = 0
         self.remote_applied = 0
+        self.remote_dropped = 0  # entries of records dropped unread, past max_remote_entries_per_s
+        self._budget = EntryBudget(config.max_remote_entries_per_s, window_ms, clock())
+        self._since_yield = 0  # entries applied since the loop last had a turn
         self._seq = 0
         self._carry: dict[tuple[str, str | None, str | None], float] = {}
         self.last_write_ms = self.last_read_ms = clock()  # the last write and read that succeeded
@@ -127,6 +141,10 @@ class FleetExchange:
         if self._producer is not None:
             self._producer.close()
 
+    @property
+    def withheld_total(self) -> int:
+        return self._manager.withheld_total
+
     def state(self) -> tuple[bool, str]:
         """(ready, a line for /healthz and /readyz)."""
         line = f"fleet {self.config.topic}: {len(self.members) + 1} members"
@@ -146,7 +164,7 @@ class FleetExchange:
         interval_s = self.config.sync_interval_ms / 1000
         while True:
             await asyncio.sleep(interval_s)
-            local = self._manager.take_local_usage(self._clock())
+            local = self._manager.take_local_usage(self._clock(), self.config.report_threshold)
             if self._producer_ids is not None:
                 local += self._producer_ids.take_local_usage()
             for key, amount in local:
@@ -278,21 +296,36 @@ class FleetExchange:
                 highs[part.partition_index] = int(part.high_watermark)
                 data = bytes(part.records or b"")
                 self.bytes_read += len(data)
-                offsets[part.partition_index] = self._apply(data, offsets[part.partition_index])
+                await self._apply(data, offsets, part.partition_index)
         return highs
 
-    def _apply(self, data: bytes, offset: int) -> int:
-        """Applies the reports in ``data`` from ``offset`` on; the next offset to read."""
+    async def _apply(self, data: bytes, offsets: dict[int, int], partition: int) -> None:
+        """Applies the reports in ``data`` from ``offsets[partition]`` on. Their entries are summed
+        per entity first and each entity's sum applied once (the same samples, at the same
+        instant: a member's cost grows with the entities, not with the reports naming them), a
+        slice of about APPLY_SLICE_ENTRIES entries at a time, the loop given a turn between two.
+        ``offsets[partition]`` (and where a reconnect reads from) moves past a slice only once it
+        is applied: a read cut short applies nothing twice and loses nothing read."""
         records = MemoryRecords(data)
+        offset = offsets[partition]
         now = self._clock()
+        sums: dict[EntityKey, list[float]] = {}  # entity -> [amount, entries]
+        read = 0  # entries summed since the last slice was applied
         while (batch := records.next_batch()) is not None:
             for record in batch:
                 if record.offset < offset:
                     continue
                 offset = record.offset + 1
-                self._apply_value(record.value, now)
+                read += self._read_value(record.value, now, sums)
+                if read >= APPLY_SLICE_ENTRIES:
+                    self._add(sums, now)
+                    offsets[partition] = self._next_offsets[partition] = offset
+                    sums, read = {}, 0
+                    await asyncio.sleep(0)
+                    now = self._clock()
             offset = max(offset, getattr(batch, "next_offset", offset))
-        return offset
+        self._add(sums, now)
+        offsets[partition] = self._next_offsets[partition] = offset
 
     def _expire_members(self) -> None:
         for member in self.members.expire(self._clock()):
@@ -304,16 +337,41 @@ class FleetExchange:
         members = 1 if self.fallback else len(self.members) + 1
         self._manager.set_fleet(members, self.config.sync_interval_ms)
 
-    def _apply_value(self, value: bytes | None, now: int) -> None:
+    def _read_value(self, value: bytes | None, now: int, sums: dict[EntityKey, list[float]]) -> int:
+        """Adds one record's entries to ``sums``; how many (0 when it was not decoded)."""
         try:
-            report = decode_report(value or b"")
+            head, count = report_head(value or b"")
+            if head.instance_id == self.instance_id and head.incarnation == self.incarnation:
+                return 0  # our own: already in our samples
+            if count and not self._budget.take(count, now, self.loaded.is_set()):
+                # Its entries are dropped unread; it still tells who is in the fleet.
+                self.ignored["over_budget"] += 1
+                self.remote_dropped += count
+                self._cluster.dialer.log_failure(
+                    "fleet_budget", logging.WARNING, "fleet topic %s: a report of %d entries from %s dropped unread: "
+                    "past fleet.max_remote_entries_per_s (%d)", self.config.topic, count, head.instance_id,
+                    self.config.max_remote_entries_per_s)
+                self._counts(head, now)
+                return 0
+            head, entries = decode_usage(value or b"")
         except BadReport as exc:
             self.ignored[exc.reason] += 1
             self._cluster.dialer.log_failure("fleet_record", logging.WARNING,
                                              "fleet topic %s: record ignored: %s", self.config.topic, exc)
-            return
-        if report.instance_id == self.instance_id and report.incarnation == self.incarnation:
-            return  # our own: already in our samples
+            return 0
+        if not self._counts(head, now):
+            return 0
+        for key, amount in entries:
+            summed = sums.get(key)
+            if summed is None:
+                sums[key] = [amount, 1]
+            else:
+                summed[0] += amount
+                summed[1] += 1
+        return len(entries)
+
+    def _counts(self, report: UsageReport, now: int) -> bool:
+        """Whether the usage of ``report`` counts here (it is news), noting its sender as a member."""
         if report.instance_id == self.instance_id:
             # A former incarnation of this instance (a restart): its usage still counts; it is not a member.
             if report.sent_at_ms > self._started_at_ms:  # no former incarnation writes after we started
@@ -322,27 +380,25 @@ class FleetExchange:
                     "fleet_instance_id", logging.WARNING, "fleet topic %s: another running instance reports as "
                     "%s (its usage counts, but the fleet miscounts its members): give each a fleet.instance_id "
                     "of its own", self.config.topic, self.instance_id)
-            self._add(report, now)
-            return
+            return True
         if time.time() * 1000 - report.sent_at_ms >= self.config.member_timeout_ms:
             # History read at start: the usage counts, but its sender may be long gone (by its own clock).
-            self._add(report, now)
-            return
+            return True
         if not self.members.admit(report, now):
             self.ignored["duplicate"] += 1
-            return
-        self._add(report, now)
+            return False
+        return True
 
-    def _add(self, report: UsageReport, now: int) -> None:
+    def _add(self, sums: dict[EntityKey, list[float]], now: int) -> None:
         manager, producer_ids = self._manager, self._producer_ids
-        for e in report.entries:
-            if e.kind == PRODUCER_IDS_RATE:
-                applied = (producer_ids is not None and e.user is not None and e.client_id is None
-                           and producer_ids.add_remote(e.user, e.amount, now))
+        for (kind, user, client_id), (amount, entries) in sums.items():
+            if kind == PRODUCER_IDS_RATE:
+                applied = (producer_ids is not None and user is not None and client_id is None
+                           and producer_ids.add_remote(user, amount, now))
             else:
-                applied = manager.add_remote(e.kind, e.user, e.client_id, e.amount, now)
+                applied = manager.add_remote(kind, user, client_id, amount, now)
             if applied:  # else no rule here gives it (or it would evict an entity of ours)
-                self.remote_applied += 1
+                self.remote_applied += int(entries)
 
     # -- fallback -------------------------------------------------------------------------
 
@@ -439,44 +495,3 @@ class FleetExchange:
             log.info("created the fleet topic %s (%d partitions, replication factor %d, retention.ms %d)",
                      self.config.topic, self.config.partitions, replication, self.config.retention_ms)
         self._created = True
-
-
-class FleetCollector:
-    """``kqp_fleet_*``: members, how fresh their usage is, fallback, failures, ignored records."""
-
-    def __init__(self, fleet: FleetExchange, clock: Callable[[], int] = _monotonic_ms) -> None:
-        self._fleet = fleet
-        self._clock = clock
-
-    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        f = self._fleet
-        now = self._clock()
-        yield GaugeMetricFamily("kqp_fleet_members", "Instances sharing usage, this one included",
-                                value=len(f.members) + 1)
-        lag = GaugeMetricFamily("kqp_fleet_sync_lag_seconds", "Age of the freshest usage read from each member",
-                                labels=["member"])
-        for member, seen_ms in f.members.live():
-            lag.add_metric([member], max(now - seen_ms, 0) / 1000)
-        yield lag
-        yield GaugeMetricFamily("kqp_fleet_fallback", "1 while the usage topic is out of reach and the fallback "
-                                "is enforced", value=1 if f.fallback else 0)
-        yield CounterMetricFamily("kqp_fleet_fallbacks", "Times the fallback started", value=f.fallback_total)
-        errors = CounterMetricFamily("kqp_fleet_sync_errors", "Usage topic operations that failed", labels=["op"])
-        for op in ("write", "read"):
-            errors.add_metric([op], f.errors[op])
-        yield errors
-        ignored = CounterMetricFamily("kqp_fleet_records_ignored", "Usage topic records ignored, by reason",
-                                      labels=["reason"])
-        for reason, n in sorted(f.ignored.items()):
-            ignored.add_metric([reason], n)
-        yield ignored
-        yield CounterMetricFamily("kqp_fleet_reports_sent", "Usage reports written", value=f.reports_sent)
-        sync = CounterMetricFamily("kqp_fleet_sync_bytes", "Usage topic bytes written and read",
-                                   labels=["direction"])
-        sync.add_metric(["written"], f.bytes_sent)
-        sync.add_metric(["read"], f.bytes_read)
-        yield sync
-        yield CounterMetricFamily("kqp_fleet_remote_entries", "Other members' usage entries applied here",
-                                  value=f.remote_applied)
-        yield CounterMetricFamily("kqp_fleet_instance_id_conflicts", "Reports from another running instance "
-                                  "with this instance's fleet.instance_id", value=f.id_conflicts)

@@ -12,7 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram, Info, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.control.fleet import FleetCollector
+from proxy.control.fleet_metrics import FleetCollector
 from proxy.observability.host_metrics import GAUGE_AGGREGATION, merge_expositions
 from proxy.observability.quota_metrics import _USER_FAMILIES
 from proxy.observability.stats import ProxyStats, StatsCollector
@@ -58,6 +58,7 @@ def worker_fleet(fallback: bool, seen_ms: dict[str, int], now_ms: int = 10_000) 
     fleet = SimpleNamespace(
         members=_Members(seen_ms), fallback=fallback, fallback_total=int(fallback), errors={"write": 1, "read": 0},
         ignored={"bad_version": 2}, reports_sent=5, bytes_sent=10, bytes_read=20, remote_applied=3, id_conflicts=0,
+        remote_dropped=0, withheld_total=0,
     )
     registry = CollectorRegistry()
     registry.register(FleetCollector(fleet, lambda: now_ms))  # type: ignore[arg-type]

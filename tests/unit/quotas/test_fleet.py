@@ -300,3 +300,76 @@ def test_new_producer_ids_admitted_on_one_member_take_the_others_tokens():
     assert not b.admit("alice", [11], 30).admitted  # the fifth: over the quota fleet-wide
     assert b.take_local_usage() == [((PRODUCER_IDS_RATE, "alice", None), 1.0)]  # remote ids are not reported
     assert not b.add_remote("bob", 1, 40)  # no producer-id quota for bob here
+
+
+# -- reporting what matters (fleet.report_threshold) ---------------------------------------------
+
+
+def test_an_entity_far_below_its_bound_is_withheld_and_one_near_it_reported():
+    """Four members, a bound of 1000 B/s, 250 ms intervals: an amount is worth reporting from
+    0.5 x 1000 x 0.25 / 4 = 31.25 bytes an interval."""
+    m = QuotaManager([QuotaRule("<default>", None, {PRODUCER_BYTE_RATE: 1000.0})])
+    m.set_fleet(4, 250)
+    m.check_and_record("cold", "x", PRODUCER_BYTE_RATE, 31, 1000)
+    m.check_and_record("warm", "x", PRODUCER_BYTE_RATE, 32, 1000)
+    assert m.take_local_usage(1250, 0.5) == [((PRODUCER_BYTE_RATE, "warm", None), 32)]
+    assert m.withheld_total == 1
+    # What was withheld is dropped, not added to the next interval's amount.
+    m.check_and_record("cold", "x", PRODUCER_BYTE_RATE, 31, 1300)
+    assert m.take_local_usage(1500, 0.5) == []
+    assert m.withheld_total == 2
+
+
+def test_the_threshold_scales_with_the_members_and_zero_reports_every_amount():
+    m = QuotaManager([QuotaRule("<default>", None, {PRODUCER_BYTE_RATE: 1000.0})])
+    m.set_fleet(64, 250)  # 0.5 x 1000 x 0.25 / 64 = 1.95 bytes an interval
+    m.check_and_record("cold", "x", PRODUCER_BYTE_RATE, 2, 1000)
+    assert m.take_local_usage(1250, 0.5) == [((PRODUCER_BYTE_RATE, "cold", None), 2)]
+    m.check_and_record("cold", "x", PRODUCER_BYTE_RATE, 0.001, 1300)
+    assert m.take_local_usage(1500, 0.0) == [((PRODUCER_BYTE_RATE, "cold", None), 0.001)]
+
+
+def test_an_entity_the_fleet_shares_is_reported_whatever_the_amount_for_one_window():
+    """Once a member reports an entity, every member reports every amount of it for the quota
+    window (11 x 1 s), so what the fleet counts of a principal near its bound is all of it."""
+    m = QuotaManager([QuotaRule("<default>", None, {PRODUCER_BYTE_RATE: 1000.0})])
+    m.set_fleet(4, 250)
+    assert m.add_remote(PRODUCER_BYTE_RATE, "hot", None, 500, 1000)  # another member reported it
+    m.check_and_record("hot", "x", PRODUCER_BYTE_RATE, 1, 1100)
+    assert m.take_local_usage(1250, 0.5) == [((PRODUCER_BYTE_RATE, "hot", None), 1)]
+    m.check_and_record("hot", "x", PRODUCER_BYTE_RATE, 1, 1250 + 10_900)  # still shared: reported at 1250
+    assert m.take_local_usage(1250 + 11_000 - 1, 0.5) == [((PRODUCER_BYTE_RATE, "hot", None), 1)]
+    m.check_and_record("hot", "x", PRODUCER_BYTE_RATE, 1, 30_000)  # a window with no report since
+    assert m.take_local_usage(30_000, 0.5) == []
+
+
+def test_withholding_cold_entities_throttles_a_hot_principal_exactly_as_reporting_everything():
+    """Four members share one principal near its bound and each serves a client far below its
+    own: with report_threshold 0.5 the hot principal's throttles are those of the fleet that
+    reports everything, the cold client is never reported, and never throttled either way."""
+    def fleet(threshold: float) -> tuple[list[int], int, int]:
+        members = [QuotaManager([QuotaRule("<default>", None, {PRODUCER_BYTE_RATE: 1000.0})]) for _ in range(4)]
+        for m in members:
+            m.set_fleet(4, 250)
+        throttles, cold_throttled, reported = [], 0, 0
+        for t in range(0, 20_000, 50):
+            now = 1_000_000 + t
+            for i, m in enumerate(members):
+                throttles.append(m.check_and_record("hot", "x", PRODUCER_BYTE_RATE, 17 + i, now).throttle_ms)
+                cold_throttled += m.check_and_record("cold", "y", PRODUCER_BYTE_RATE, 1, now).throttle_ms > 0
+            if t % 250 == 200:  # after each interval's five charges
+                taken = [m.take_local_usage(now, threshold) for m in members]
+                for i, entries in enumerate(taken):
+                    reported += len(entries)
+                    for j, other in enumerate(members):
+                        if j != i:
+                            for (kind, user, client_id), amount in entries:
+                                other.add_remote(kind, user, client_id, amount, now)
+        return throttles, cold_throttled, reported
+
+    everything, cold_all, reported_all = fleet(0.0)
+    withheld, cold_withheld, reported_withheld = fleet(0.5)
+    assert max(everything) > 0  # the hot principal (4 x 17-20 bytes each 50 ms: ~1480 B/s) is held
+    assert withheld == everything
+    assert cold_all == cold_withheld == 0
+    assert reported_withheld * 2 == reported_all  # the cold client's entries were half of them
