@@ -12,13 +12,14 @@ entity the fleet shares), so ``--report-threshold 0`` measures the exchange that
 entity. No client sends anything through the real member, so what it spends is what sharing
 costs it.
 
-Per grid point (members × active entities), over ``--seconds``: the real member's CPU (% of one
-core, every thread), the usage-topic bytes it wrote and read a second and the other members'
-entries it applied (and dropped, past ``fleet.max_remote_entries_per_s``) a second
-(``kqp_fleet_*``), its sync lag (the oldest of the members' freshest usage, sampled every half
-second), its ``/metrics`` answer time (a client's stand-in: a member busy with the exchange
-answers it late), and its accuracy: the rate it holds for the hot entities it shows in
-``kqp_quota_rate`` against the rate the simulated members charged them. The simulator's own
+Per grid point (members × active entities), after a quota window of reports, over ``--seconds``
+with nothing else asked of it: the real member's CPU (% of one core, every thread), the
+usage-topic bytes it wrote and read a second and the other members' entries it applied (and
+dropped, past ``fleet.max_remote_entries_per_s``) a second (``kqp_fleet_*``). Then, scraped every
+half second for five seconds: its sync lag (the oldest of the members' freshest usage), its
+``/metrics`` answer time (a client's stand-in: a member busy with the exchange answers it late),
+and its accuracy: the rate it holds for the hot entities it shows in ``kqp_quota_rate`` against
+the rate the simulated members charged them. The simulator's own
 lateness is reported too: a point where it could not keep up measures less than it says.
 
     python -m bench.fleet_scale                          # 4x2000,8x5000 (members x entities)
@@ -53,6 +54,7 @@ SYNC_INTERVAL_MS = 250
 BOUND = 10_000_000  # every client id's producer_byte_rate, bytes a second
 HOT_TOTAL = 0.9  # of the bound: what the whole fleet charges a hot entity
 WINDOW_S = 11  # the quota window (Kafka's 11 x 1 s, the proxy's default)
+PROBE_S = 5.0  # scraped every half second after the measured time: lag, /metrics, accuracy
 # Where a report's incarnation, sequence number and send time sit (quotas.fleet's documented
 # encoding: magic, version u8, incarnation u64, seq u64, sent_at_ms i64): rewritten in place for
 # every report, so the simulator does not encode thousands of entries each interval.
@@ -220,11 +222,20 @@ def measure(point: Point, load: Load, workdir: Path, seconds: float, partitions:
             time.sleep(0.5)
         # A quota window (Kafka's 11 x 1 s) of reports first: the rates read are then the fleet's.
         time.sleep(WINDOW_S)
+        # What sharing costs, with nothing else asked of the member: a scrape of /metrics costs
+        # it per entity too (kqp_quota_*), so none is made meanwhile.
         before, _ = scrape(metrics)
         clock = CpuClock(member.pid)
         t0 = time.monotonic()
+        time.sleep(seconds)
+        elapsed = time.monotonic() - t0
+        cpu_s = clock.elapsed()
+        after, _ = scrape(metrics)
+        # Then what a client and the fleet's quotas see of it: sync lag, how long /metrics
+        # takes to answer, the hot entities' rates.
         lags, answers, accuracy = [], [], []
-        while time.monotonic() - t0 < seconds:
+        t1 = time.monotonic()
+        while time.monotonic() - t1 < PROBE_S:
             time.sleep(0.5)
             samples, took_ms = scrape(metrics, timeout_s=30)
             lags.append(lag_s(samples))
@@ -232,9 +243,6 @@ def measure(point: Point, load: Load, workdir: Path, seconds: float, partitions:
             seen = hot_accuracy(samples, point, load)
             if seen is not None:
                 accuracy.append(seen)
-        elapsed = time.monotonic() - t0
-        cpu_s = clock.elapsed()
-        after, _ = scrape(metrics)
         stop.set()
         sim_stats = here.recv()[1] if here.poll(30) else {}
 

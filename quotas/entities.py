@@ -268,6 +268,9 @@ class EntityTable:
     def items(self) -> Iterator[tuple[Any, Any]]:
         return iter(list(self._states.items()))
 
+    def values(self) -> list[Any]:
+        return list(self._states.values())
+
     def remove(self, key: Any) -> None:
         self._states.pop(key, None)
 

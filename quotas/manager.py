@@ -90,6 +90,9 @@ class QuotaManager:
         self._sync_interval_ms = 0
         self._next_sync_ms = 0
         self.withheld_total = 0  # entities' interval usage left out of the fleet's reports (take_local_usage)
+        # The states charged, reported or told of since the fleet's last take_local_usage: what
+        # the next one reads (None until the first: nothing is tracked outside a fleet).
+        self._active: set[EntityState] | None = None
 
     # -- rules ------------------------------------------------------------------------------
 
@@ -145,6 +148,8 @@ class QuotaManager:
         assert isinstance(state, EntityState)
         if now_ms > state.last_used_ms:
             state.last_used_ms = now_ms
+        if not state.pending and self._active is not None:
+            self._active.add(state)
         throttle_ms = state.record_and_throttle_at(amount, now_ms)
         if self._members > 1 and type(state) is RateState:
             throttle_ms = self._fleet_throttle_ms(state, throttle_ms, now_ms, paced)
@@ -183,6 +188,8 @@ class QuotaManager:
         if decision.admitted:
             # Strict mode records the Rate only for what it admits (checkQuotas, then record).
             state.rate.record_at(amount, now_ms)
+            if not state.pending and self._active is not None:
+                self._active.add(state)
             state.pending += amount
             return decision
         state.last_throttle_ms = decision.throttle_ms
@@ -214,6 +221,8 @@ class QuotaManager:
         assert isinstance(state, EntityState)
         if now_ms > state.last_used_ms:
             state.last_used_ms = now_ms
+        if not state.pending and self._active is not None:
+            self._active.add(state)
         state.unrecord_at(amount, now_ms)
 
     def charge(self, user: str, client_id: str, kind: str, amount: float, now_ms: int) -> None:
@@ -282,8 +291,12 @@ class QuotaManager:
         rate of an entity nobody reports is under that fraction of its bound."""
         self._next_sync_ms = now_ms + self._sync_interval_ms
         interval_ms, members = self._sync_interval_ms, self._members
+        # Only the states touched since the last call: an interval costs what was charged in
+        # it, not every entity known (the first call reads them all, then tracking starts).
+        states = self._table.values() if self._active is None else self._active
+        self._active = active = set()
         out = []
-        for key, state in self._table.items():
+        for state in states:
             pending = state.pending
             if pending > 0:
                 state.pending = 0.0
@@ -292,12 +305,15 @@ class QuotaManager:
                     self.withheld_total += 1
                     state.reported = 0.0
                 else:
-                    out.append((key, pending))
+                    out.append((state.resolved.key, pending))
                     state.reported = pending
+                    active.add(state)  # its ``reported`` goes back to 0 at the next call
                     if report_threshold:
                         state.shared_until_ms = now_ms + state.rate.window_num * state.rate.window_size_ms
             else:
                 state.reported = 0.0
+                if pending:
+                    active.add(state)  # a give-back, carried
                 pending = 0.0
             total = pending + state.remote
             if total > 0:  # this interval's part, into a moving average (about ten intervals)
@@ -322,6 +338,8 @@ class QuotaManager:
             self._table.add(key, state, now_ms)
         elif now_ms > state.last_used_ms:
             state.last_used_ms = now_ms
+        if not state.remote and self._active is not None:
+            self._active.add(state)
         state.add_remote_at(amount, now_ms)
         return True
 

@@ -105,6 +105,7 @@ class FleetExchange:
         self.errors: Counter[str] = Counter()  # op -> failures
         self.ignored: Counter[str] = Counter()  # reason -> records ignored
         self.reports_sent = 0
+        self.entries_sent = 0
         self.bytes_sent = 0
         self.bytes_read = 0
         self.remote_applied = 0
@@ -191,6 +192,7 @@ class FleetExchange:
             await self._write(value)
             self._seq += 1
             self.reports_sent += 1
+            self.entries_sent += len(entries)
             self.bytes_sent += self._producer.last_batch_bytes if self._producer is not None else 0
             for e in entries:
                 self._carry.pop((e.kind, e.user, e.client_id), None)

@@ -44,6 +44,8 @@ class FleetCollector:
             ignored.add_metric([reason], n)
         yield ignored
         yield CounterMetricFamily("kqp_fleet_reports_sent", "Usage reports written", value=f.reports_sent)
+        yield CounterMetricFamily("kqp_fleet_entries_sent", "Usage entries written (an entity's usage of an "
+                                  "interval each)", value=f.entries_sent)
         sync = CounterMetricFamily("kqp_fleet_sync_bytes", "Usage topic bytes written and read",
                                    labels=["direction"])
         sync.add_metric(["written"], f.bytes_sent)

@@ -373,3 +373,35 @@ def test_withholding_cold_entities_throttles_a_hot_principal_exactly_as_reportin
     assert withheld == everything
     assert cold_all == cold_withheld == 0
     assert reported_withheld * 2 == reported_all  # the cold client's entries were half of them
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["charge", "give_back", "remote", "take"]), st.integers(0, 5),
+                          st.integers(1, 400)), max_size=60),
+       st.sampled_from([0.0, 0.5]))
+def test_a_take_reads_only_what_was_touched_and_reports_what_a_full_scan_would(ops, threshold):
+    """take_local_usage visits the states charged, given back, told of or reported since the
+    last call, not every entity known: what it reports, and every state after it, is what
+    visiting them all reports."""
+    def fresh() -> QuotaManager:
+        m = QuotaManager([QuotaRule("<default>", None, {PRODUCER_BYTE_RATE: 1000.0})])
+        m.set_fleet(3, 250)
+        return m
+
+    tracked, scanned = fresh(), fresh()
+    now = 1_000_000
+    for op, who, amount in ops:
+        now += 50
+        for m in (tracked, scanned):
+            user = f"u{who}"
+            if op == "charge":
+                m.check_and_record(user, "x", PRODUCER_BYTE_RATE, amount, now)
+            elif op == "give_back":
+                m.unrecord(user, "x", PRODUCER_BYTE_RATE, amount, now)
+            elif op == "remote":
+                m.add_remote(PRODUCER_BYTE_RATE, user, None, amount, now)
+        if op == "take":
+            scanned._active = None  # a full scan, every time
+            assert sorted(tracked.take_local_usage(now, threshold)) == sorted(scanned.take_local_usage(now, threshold))
+    state_of = {k: (s.pending, s.reported, s.remote, s.local_share) for k, s in scanned._table.items()}
+    assert {k: (s.pending, s.reported, s.remote, s.local_share) for k, s in tracked._table.items()} == state_of
