@@ -20,7 +20,7 @@ import pytest
 from confluent_kafka import Producer
 from kafka import KafkaProducer
 
-from tests.support.proxy_process import ProxyProcess
+from tests.support.proxy_process import ProxyProcess, start_proxies
 from tests.support.rate_runs import fresh_topic, greedy_librdkafka
 from tests.support.tansu import TansuBroker
 
@@ -50,15 +50,7 @@ def proxies(broker: TansuBroker, client_id: str, n: int, fleet: bool) -> list[Pr
                         for c in (client_id, "lonely")]}
     if fleet:
         extra["fleet"] = FLEET
-    out = []
-    try:
-        for _ in range(n):
-            out.append(ProxyProcess([broker.bootstrap], extra_config=extra).start())
-    except BaseException:
-        for p in out:
-            p.stop()
-        raise
-    return out
+    return start_proxies([broker.bootstrap], n, extra)
 
 
 def greedy(bootstrap: str, client_id: str, topic: str, start: threading.Barrier, seconds: float, out: list) -> None:

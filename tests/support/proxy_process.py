@@ -160,3 +160,17 @@ def sum_samples(metrics: dict[MetricKey, float], name: str, **labels) -> float:
     """Sum of the samples called ``name`` whose labels include ``labels`` (0.0 when none)."""
     wanted = set(labels.items())
     return sum(v for (n, ls), v in metrics.items() if n == name and wanted <= ls)
+
+
+def start_proxies(upstream_bootstrap: list[str], n: int, extra_config: dict) -> list[ProxyProcess]:
+    """``n`` proxy processes with the same configuration, all started (or none: those already
+    started are stopped when one fails to)."""
+    out: list[ProxyProcess] = []
+    try:
+        for _ in range(n):
+            out.append(ProxyProcess(upstream_bootstrap, extra_config=extra_config).start())
+    except BaseException:
+        for p in out:
+            p.stop()
+        raise
+    return out
