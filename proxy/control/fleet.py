@@ -3,19 +3,21 @@ read from, a Kafka topic on the cluster the proxies front (``fleet:``; the pure 
 quotas.fleet).
 
 - **Publish.** Every ``sync_interval_ms`` one report goes to this instance's partition of
-  ``fleet.topic`` (its id's hash): what it charged each quota entity since the last report
-  (``QuotaManager.take_local_usage``), and a heartbeat even when that is nothing. Written with the
+  ``fleet.topic`` (its id's hash): what it charged each quota entity worth reporting since the
+  last report (``QuotaManager.take_local_usage`` at ``fleet.report_threshold``: an entity near
+  its bound, or one the fleet shares), and a heartbeat even when that is nothing. Written with the
   proxy's own idempotent producer (proxy.control.quota_topic_producer) over the upstream TLS/SASL
   settings. A report that could not be written is carried into the next: no usage is lost.
 - **Read.** Every partition is followed from the offset of ``now − the longest quota window``
   (ListOffsets by time), so a starting or restarted instance first reads the usage still inside
   the window, and is not ready (``/readyz``) until it has; then from there on. Each other
-  member's report is added to the same samples as this instance's own usage
-  (``QuotaManager.add_remote``): windowed rates, KIP-599 buckets, KIP-731 record and batch rates
-  throttle on the fleet's rate, by Kafka's formulas. A principal seen by one instance only keeps
-  its whole quota. Records are untrusted input: decoded with a budget, a bad one counted by
-  reason and ignored (quotas.fleet.decode_report); a record read twice (same incarnation,
-  sequence not later) is not counted twice.
+  member's reports of one read are summed per entity and added to the same samples as this
+  instance's own usage (``QuotaManager.add_remote``), a slice at a time: windowed rates, KIP-599
+  buckets, KIP-731 record and batch rates throttle on the fleet's rate, by Kafka's formulas. A
+  principal seen by one instance only keeps its whole quota. Records are untrusted input: at
+  most ``fleet.max_remote_entries_per_s`` entries decoded a second (past it a record is dropped
+  unread, a heartbeat still), each within its own length, a bad one counted by reason and
+  ignored (quotas.fleet.decode_usage); a record read twice is not counted twice.
 - **Membership.** A member not heard from for ``member_timeout_ms`` has left; its usage ages out
   of the windows as any usage does.
 - **Fallback.** When the topic could not be written, or not read, for ``member_timeout_ms``:
@@ -111,7 +113,6 @@ class FleetExchange:
         self.remote_applied = 0
         self.remote_dropped = 0  # entries of records dropped unread, past max_remote_entries_per_s
         self._budget = EntryBudget(config.max_remote_entries_per_s, window_ms, clock())
-        self._since_yield = 0  # entries applied since the loop last had a turn
         self._seq = 0
         self._carry: dict[tuple[str, str | None, str | None], float] = {}
         self.last_write_ms = self.last_read_ms = clock()  # the last write and read that succeeded
