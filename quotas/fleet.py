@@ -18,9 +18,11 @@ finite number in [0, :data:`MAX_AMOUNT`]. Pure: no I/O, time is an argument.
 
 from __future__ import annotations
 
+import math
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 from quotas.common import (
     CONSUMER_BYTE_RATE,
@@ -217,6 +219,83 @@ def _read_name(data: bytes, pos: int, size: int) -> tuple[str | None, int]:
         return data[pos:end].decode(), end
     except UnicodeDecodeError as exc:
         raise BadReport("bad_text", str(exc)) from None
+
+
+class UsageDecoder:
+    """:func:`decode_usage`, with what each member's last report named remembered: a member's
+    next report usually names the same entities (those near their bound stay so for a while),
+    and then its entries are read with one ``struct`` call and checked by comparing a few tuples,
+    not entry by entry. The same results and the same errors as :func:`decode_usage` (a report
+    that differs in anything but its amounts, or whose amounts would be refused, is read the
+    slow way). At most ``max_entries`` entries are remembered, all members together (the
+    oldest member's forgotten first), and only of reports of at most ``max_report_entries``
+    (building a report's struct costs about 2 µs an entry, once)."""
+
+    def __init__(self, max_entries: int = 100_000, max_report_entries: int = 2_000) -> None:
+        self.max_entries = max_entries
+        self.max_report_entries = max_report_entries
+        self._layouts: dict[str, _Layout] = {}
+        self._entries = 0  # remembered, all layouts together
+
+    def decode(self, data: bytes) -> tuple[UsageReport, list[tuple[EntityKey, float]]]:
+        head, count, pos = _read_head(data)
+        layout = self._layouts.get(head.instance_id)
+        if layout is not None and layout.count == count and len(data) - pos == layout.struct.size:
+            fields = layout.struct.unpack_from(data, pos)
+            if layout.names_of(fields) == layout.names:
+                amounts = layout.amounts_of(fields)
+                # A NaN or an infinity makes the sum so; then the slow way says which.
+                if math.isfinite(sum(amounts)) and min(amounts) >= 0 and max(amounts) <= MAX_AMOUNT:
+                    return head, list(zip(layout.keys, amounts, strict=True))
+        head, entries = decode_usage(data)
+        if 2 <= count <= min(self.max_report_entries, self.max_entries):
+            old = self._layouts.pop(head.instance_id, None)
+            self._entries -= old.count if old is not None else 0
+            while self._entries + count > self.max_entries:
+                self._entries -= self._layouts.pop(next(iter(self._layouts))).count
+            self._layouts[head.instance_id] = _Layout([key for key, _ in entries])
+            self._entries += count
+        return head, entries
+
+
+class _Layout:
+    """A report's entries as one struct: kind, then each name's length and bytes, then the
+    amount, entry after entry; what is not an amount is compared whole with ``names``."""
+
+    __slots__ = ("count", "keys", "struct", "names", "names_of", "amounts_of")
+
+    def __init__(self, keys: list[EntityKey]) -> None:
+        fmt = [">"]
+        names: list[object] = []
+        name_at: list[int] = []
+        amount_at: list[int] = []
+        n = 0
+        for kind, user, client_id in keys:
+            fmt.append("B")
+            names.append(_KIND_INDEX[kind])
+            name_at.append(n)
+            n += 1
+            for name in (user, client_id):
+                if name is None:
+                    fmt.append("h")
+                    names.append(-1)
+                    name_at.append(n)
+                    n += 1
+                else:
+                    raw = name.encode()
+                    fmt.append(f"h{len(raw)}s")
+                    names += [len(raw), raw]
+                    name_at += [n, n + 1]
+                    n += 2
+            fmt.append("d")
+            amount_at.append(n)
+            n += 1
+        self.count = len(keys)
+        self.keys = tuple(keys)
+        self.struct = struct.Struct("".join(fmt))
+        self.names = tuple(names)
+        self.names_of: Callable[[tuple[object, ...]], tuple[object, ...]] = itemgetter(*name_at)
+        self.amounts_of: Callable[[tuple[object, ...]], tuple[float, ...]] = itemgetter(*amount_at)
 
 
 class _Reader:

@@ -58,9 +58,9 @@ from quotas.fleet import (
     EntityKey,
     EntryBudget,
     FleetMembers,
+    UsageDecoder,
     UsageEntry,
     UsageReport,
-    decode_usage,
     encode_chunks,
     report_head,
     usage_entries,
@@ -106,13 +106,13 @@ class FleetExchange:
         self.fallback_since_ms = 0  # the clock when the last fallback started
         self.errors: Counter[str] = Counter()  # op -> failures
         self.ignored: Counter[str] = Counter()  # reason -> records ignored
-        self.reports_sent = 0
-        self.entries_sent = 0
+        self.reports_sent = self.entries_sent = 0
         self.bytes_sent = 0
         self.bytes_read = 0
         self.remote_applied = 0
-        self.remote_dropped = 0  # entries of records dropped unread, past max_remote_entries_per_s
+        self.remote_dropped = 0  # entries dropped unread, past max_remote_entries_per_s
         self._budget = EntryBudget(config.max_remote_entries_per_s, window_ms, clock())
+        self._decoder = UsageDecoder()
         self._seq = 0
         self._carry: dict[tuple[str, str | None, str | None], float] = {}
         self.last_write_ms = self.last_read_ms = clock()  # the last write and read that succeeded
@@ -356,7 +356,7 @@ class FleetExchange:
                     self.config.max_remote_entries_per_s)
                 self._counts(head, now)
                 return 0
-            head, entries = decode_usage(value or b"")
+            head, entries = self._decoder.decode(value or b"")
         except BadReport as exc:
             self.ignored[exc.reason] += 1
             self._cluster.dialer.log_failure("fleet_record", logging.WARNING,

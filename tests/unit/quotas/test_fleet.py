@@ -17,9 +17,11 @@ from quotas.fleet import (
     MAX_AMOUNT,
     BadReport,
     FleetMembers,
+    UsageDecoder,
     UsageEntry,
     UsageReport,
     decode_report,
+    decode_usage,
     encode_report,
     usage_entries,
 )
@@ -405,3 +407,66 @@ def test_a_take_reads_only_what_was_touched_and_reports_what_a_full_scan_would(o
             assert sorted(tracked.take_local_usage(now, threshold)) == sorted(scanned.take_local_usage(now, threshold))
     state_of = {k: (s.pending, s.reported, s.remote, s.local_share) for k, s in scanned._table.items()}
     assert {k: (s.pending, s.reported, s.remote, s.local_share) for k, s in tracked._table.items()} == state_of
+
+
+# -- reading a member's reports fast (UsageDecoder) ---------------------------------------------
+
+_NAMES = st.one_of(st.none(), st.sampled_from(["alice", "bob", "app-é", "", "x" * 40]))
+_AMOUNTS = st.one_of(st.floats(0, 1e6), st.sampled_from([0.0, MAX_AMOUNT, -1.0, math.nan, math.inf, 2e13]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["m1", "m2"]),
+                          st.lists(st.tuples(st.sampled_from(KINDS[:3]), _NAMES, _NAMES), min_size=0, max_size=6),
+                          st.lists(_AMOUNTS, min_size=6, max_size=6),
+                          st.integers(0, 3)), min_size=1, max_size=12))
+def test_the_fast_decoder_reads_every_report_as_decode_usage_does(reports):
+    """Members' reports in a row, each naming the same entities as that member's last or not,
+    with amounts that may be refused, and sometimes cut short or with a byte more: the decoder
+    returns what decode_usage returns, or raises the same reason."""
+    decoder = UsageDecoder()
+    last: dict[str, list] = {}
+    for seq, (member, entities, amounts, damage) in enumerate(reports):
+        entities = last.get(member, entities) if damage == 3 else entities
+        last[member] = entities
+        entries = tuple(UsageEntry(k, u, c, a) for (k, u, c), a in zip(entities, amounts))
+        raw = struct.pack(">4sBQQqI", b"KQPU", 1, 1, seq, 0, 250) + struct.pack(">H", len(member)) + member.encode()
+        raw += struct.pack(">I", len(entries)) + b"".join(
+            bytes([KINDS.index(e.kind)]) + _name(e.user) + _name(e.client_id) + struct.pack(">d", e.amount)
+            for e in entries)
+        raw = raw[:-1] if damage == 1 else raw + b"\0" if damage == 2 else raw
+        try:
+            expected = decode_usage(raw)
+        except BadReport as exc:
+            with pytest.raises(BadReport) as got:
+                decoder.decode(raw)
+            assert got.value.reason == exc.reason
+        else:
+            assert decoder.decode(raw) == expected
+
+
+def _name(s: str | None) -> bytes:
+    if s is None:
+        return struct.pack(">h", -1)
+    raw = s.encode()
+    return struct.pack(">h", len(raw)) + raw
+
+
+def test_a_member_naming_what_it_named_before_is_read_without_the_slow_way(monkeypatch):
+    import quotas.fleet as fleet
+
+    def report(seq: int, amounts: list[float]) -> bytes:
+        return encode_report(UsageReport("m1", 1, seq, 0, 250, tuple(
+            UsageEntry(PRODUCER_BYTE_RATE, None, f"client-{i}", a) for i, a in enumerate(amounts))))[0]
+
+    decoder = UsageDecoder()
+    decoder.decode(report(0, [1.0, 2.0, 3.0]))
+    slow = []
+    monkeypatch.setattr(fleet, "decode_usage", lambda data: slow.append(data) or decode_usage(data))
+    _, entries = decoder.decode(report(1, [4.0, 5.0, 6.0]))
+    assert entries == [((PRODUCER_BYTE_RATE, None, f"client-{i}"), a) for i, a in enumerate([4.0, 5.0, 6.0])]
+    assert slow == []
+    decoder.decode(report(2, [4.0, 5.0]))  # another entity set: the slow way, then remembered
+    with pytest.raises(BadReport, match="bad_amount"):
+        decoder.decode(report(3, [7.0, math.nan]))  # a refused amount: the slow way says which
+    assert len(slow) == 2
