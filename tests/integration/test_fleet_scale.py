@@ -77,13 +77,14 @@ def greedy(bootstrap: str, client_id: str, topic: str, start: threading.Barrier,
 
 def cold_clients(members: list[ProxyProcess], stop: threading.Event, sent: list[int]) -> None:
     """COLD_CLIENTS client ids, each sending a Metadata request now and then (about a request a
-    minute each) through the members in turn: every one charged, each far below its bound."""
+    minute each) through the members in turn, until ``stop`` and at least one request each:
+    every one charged, each far below its bound."""
     socks = [socket.create_connection(p.address, timeout=10) for p in members]
     try:
         correlation_id = 0
-        while not stop.is_set():
+        while not stop.is_set() or sent[0] < COLD_CLIENTS:
             for i in range(COLD_CLIENTS):
-                if stop.is_set():
+                if stop.is_set() and sent[0] >= COLD_CLIENTS:
                     break
                 sock = socks[i % len(socks)]
                 correlation_id += 1
@@ -127,7 +128,7 @@ def test_a_hot_principal_is_held_while_5000_cold_client_ids_are_withheld_and_nev
         for t in threads:
             t.join(RUN_S + 60)
         stop.set()
-        cold.join(30)
+        cold.join(120)
         solo, shared = results[0][0], sum(r[0] for r in results[1:])
         withheld = sum(p.metric_sum("kqp_fleet_entries_withheld_total") for p in fleet)
         written = sum(p.metric_sum("kqp_fleet_entries_sent_total") for p in fleet)
