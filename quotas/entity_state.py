@@ -81,12 +81,16 @@ class EntityState:
         """Another fleet member's usage, into the same samples as this instance's own (and into
         ``remote_rate``, per report, never per request, so the local part can be told apart)."""
         self.remote += amount
-        self.shared_until_ms = now_ms + self.rate.window_num * self.rate.window_size_ms
+        self.mark_shared(now_ms)
         self.rate.record_at(amount, now_ms)
         remote_rate = self.remote_rate
         if remote_rate is None:
             remote_rate = self.remote_rate = WindowedRate(self.rate.window_num, self.rate.window_size_ms)
         remote_rate.record_at(amount, now_ms)
+
+    def mark_shared(self, now_ms: int) -> None:
+        """The fleet shares this entity for one quota window from ``now_ms``."""
+        self.shared_until_ms = now_ms + self.rate.window_num * self.rate.window_size_ms
 
     def local_rate_at(self, now_ms: int) -> float:
         """This instance's part of ``rate``: all of it outside a fleet. The two rates' samples

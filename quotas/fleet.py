@@ -23,6 +23,7 @@ import struct
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from operator import itemgetter
+from typing import NamedTuple
 
 from quotas.common import (
     CONSUMER_BYTE_RATE,
@@ -128,16 +129,19 @@ def _name(s: str | None) -> bytes:
     return _I16.pack(len(b)) + b
 
 
-def report_head(data: bytes) -> tuple[UsageReport, int]:
-    """The report in ``data`` without its entries, and how many it announces: what a reader
-    checks before spending anything on them. BadReport as :func:`decode_report` for a record
-    whose head does not read (its entries are checked only when decoded)."""
-    head, count, _ = _read_head(data)
-    return head, count
+class ReportHead(NamedTuple):
+    """A report read up to its entries."""
+
+    report: UsageReport  # without its entries
+    announced: int  # the entries it announces (within what its length can hold)
+    entries_at: int  # where they start
 
 
-def _read_head(data: bytes) -> tuple[UsageReport, int, int]:
-    """(the report without its entries, the entries announced, where they start)."""
+def report_head(data: bytes) -> ReportHead:
+    """The report in ``data`` up to its entries: what a reader checks before spending anything on
+    them, and hands to :func:`decode_usage` so it is not read again. BadReport as
+    :func:`decode_report` for a record whose head does not read (its entries are checked only
+    when decoded)."""
     view = memoryview(data)
     if bytes(view[: len(MAGIC)]) != MAGIC:
         raise BadReport("not_a_report", f"starts {bytes(view[:8])!r}")
@@ -153,7 +157,7 @@ def _read_head(data: bytes) -> tuple[UsageReport, int, int]:
         raise BadReport("no_instance", "empty instance id")
     if count * _MIN_ENTRY_BYTES > reader.left():
         raise BadReport("truncated", f"{count} entries announced, {reader.left()} bytes left")
-    return UsageReport(instance, incarnation, seq, sent_at_ms, interval_ms), count, reader.pos
+    return ReportHead(UsageReport(instance, incarnation, seq, sent_at_ms, interval_ms), count, reader.pos)
 
 
 def worth_reporting(amount: float, bound: float, interval_ms: int, members: int, threshold: float) -> bool:
@@ -176,11 +180,11 @@ def decode_report(data: bytes) -> UsageReport:
                        tuple(UsageEntry(kind, user, client_id, amount) for (kind, user, client_id), amount in amounts))
 
 
-def decode_usage(data: bytes) -> tuple[UsageReport, list[tuple[EntityKey, float]]]:
+def decode_usage(data: bytes, read: ReportHead | None = None) -> tuple[UsageReport, list[tuple[EntityKey, float]]]:
     """:func:`decode_report`, the entries as ((kind, user, client id), amount) pairs, the report
     without them: what a member applies, read with no object made per entry (a member reads
-    tens of thousands a second)."""
-    head, count, pos = _read_head(data)
+    tens of thousands a second). ``read``: ``report_head(data)``, when the caller has it."""
+    head, count, pos = read or report_head(data)
     data = bytes(data)
     size = len(data)
     n_kinds = len(KINDS)
@@ -237,8 +241,10 @@ class UsageDecoder:
         self._layouts: dict[str, _Layout] = {}
         self._entries = 0  # remembered, all layouts together
 
-    def decode(self, data: bytes) -> tuple[UsageReport, list[tuple[EntityKey, float]]]:
-        head, count, pos = _read_head(data)
+    def decode(self, data: bytes, read: ReportHead | None = None) -> tuple[UsageReport, list[tuple[EntityKey, float]]]:
+        """:func:`decode_usage` (``read``: ``report_head(data)``, when the caller has it)."""
+        read = read or report_head(data)
+        head, count, pos = read
         layout = self._layouts.get(head.instance_id)
         if layout is not None and layout.count == count and len(data) - pos == layout.struct.size:
             fields = layout.struct.unpack_from(data, pos)
@@ -247,7 +253,7 @@ class UsageDecoder:
                 # A NaN or an infinity makes the sum so; then the slow way says which.
                 if math.isfinite(sum(amounts)) and min(amounts) >= 0 and max(amounts) <= MAX_AMOUNT:
                     return head, list(zip(layout.keys, amounts, strict=True))
-        head, entries = decode_usage(data)
+        head, entries = decode_usage(data, read)
         if 2 <= count <= min(self.max_report_entries, self.max_entries):
             old = self._layouts.pop(head.instance_id, None)
             self._entries -= old.count if old is not None else 0

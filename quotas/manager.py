@@ -148,7 +148,7 @@ class QuotaManager:
         assert isinstance(state, EntityState)
         if now_ms > state.last_used_ms:
             state.last_used_ms = now_ms
-        if not state.pending and self._active is not None:
+        if not state.pending and self._active is not None:  # _track, inlined: every request
             self._active.add(state)
         throttle_ms = state.record_and_throttle_at(amount, now_ms)
         if self._members > 1 and type(state) is RateState:
@@ -188,8 +188,7 @@ class QuotaManager:
         if decision.admitted:
             # Strict mode records the Rate only for what it admits (checkQuotas, then record).
             state.rate.record_at(amount, now_ms)
-            if not state.pending and self._active is not None:
-                self._active.add(state)
+            self._track(state, state.pending)
             state.pending += amount
             return decision
         state.last_throttle_ms = decision.throttle_ms
@@ -221,8 +220,7 @@ class QuotaManager:
         assert isinstance(state, EntityState)
         if now_ms > state.last_used_ms:
             state.last_used_ms = now_ms
-        if not state.pending and self._active is not None:
-            self._active.add(state)
+        self._track(state, state.pending)
         state.unrecord_at(amount, now_ms)
 
     def charge(self, user: str, client_id: str, kind: str, amount: float, now_ms: int) -> None:
@@ -309,7 +307,7 @@ class QuotaManager:
                     state.reported = pending
                     active.add(state)  # its ``reported`` goes back to 0 at the next call
                     if report_threshold:
-                        state.shared_until_ms = now_ms + state.rate.window_num * state.rate.window_size_ms
+                        state.mark_shared(now_ms)
             else:
                 state.reported = 0.0
                 if pending:
@@ -338,10 +336,15 @@ class QuotaManager:
             self._table.add(key, state, now_ms)
         elif now_ms > state.last_used_ms:
             state.last_used_ms = now_ms
-        if not state.remote and self._active is not None:
-            self._active.add(state)
+        self._track(state, state.remote)
         state.add_remote_at(amount, now_ms)
         return True
+
+    def _track(self, state: EntityState, before: float) -> None:
+        """``state`` is about to change what the fleet's next take reads (``before``: the pending
+        or remote amount it had): it is read then, if the fleet is taking."""
+        if not before and self._active is not None:
+            self._active.add(state)
 
     def set_fleet(self, members: int, sync_interval_ms: int) -> None:
         """``members`` instances (this one included) share usage every ``sync_interval_ms``:

@@ -343,7 +343,7 @@ class FleetExchange:
     def _read_value(self, value: bytes | None, now: int, sums: dict[EntityKey, list[float]]) -> int:
         """Adds one record's entries to ``sums``; how many (0 when it was not decoded)."""
         try:
-            head, count = report_head(value or b"")
+            head, count, _ = read = report_head(value or b"")
             if head.instance_id == self.instance_id and head.incarnation == self.incarnation:
                 return 0  # our own: already in our samples
             if count and not self._budget.take(count, now, self.loaded.is_set()):
@@ -356,7 +356,7 @@ class FleetExchange:
                     self.config.max_remote_entries_per_s)
                 self._counts(head, now)
                 return 0
-            head, entries = self._decoder.decode(value or b"")
+            head, entries = self._decoder.decode(value or b"", read)
         except BadReport as exc:
             self.ignored[exc.reason] += 1
             self._cluster.dialer.log_failure("fleet_record", logging.WARNING,

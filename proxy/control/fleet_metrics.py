@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -10,14 +9,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from proxy.control.fleet import FleetExchange
 
 
-def _monotonic_ms() -> int:
-    return time.monotonic_ns() // 1_000_000
-
-
 class FleetCollector:
     """``kqp_fleet_*``: members, how fresh their usage is, fallback, failures, ignored records."""
 
-    def __init__(self, fleet: FleetExchange, clock: Callable[[], int] = _monotonic_ms) -> None:
+    def __init__(self, fleet: FleetExchange, clock: Callable[[], int]) -> None:
         self._fleet = fleet
         self._clock = clock
 

@@ -462,7 +462,7 @@ def test_a_member_naming_what_it_named_before_is_read_without_the_slow_way(monke
     decoder = UsageDecoder()
     decoder.decode(report(0, [1.0, 2.0, 3.0]))
     slow = []
-    monkeypatch.setattr(fleet, "decode_usage", lambda data: slow.append(data) or decode_usage(data))
+    monkeypatch.setattr(fleet, "decode_usage", lambda data, read=None: slow.append(data) or decode_usage(data, read))
     _, entries = decoder.decode(report(1, [4.0, 5.0, 6.0]))
     assert entries == [((PRODUCER_BYTE_RATE, None, f"client-{i}"), a) for i, a in enumerate([4.0, 5.0, 6.0])]
     assert slow == []
