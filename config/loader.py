@@ -19,6 +19,7 @@ from quotas.limiters import load_limiter_class
 from .filters import read_filters
 from .model import (
     DEFAULT_RATE_LIMITERS,
+    FLEET_AGGREGATIONS,
     FLEET_FALLBACKS,
     HEARTBEAT_INTERVAL_MS,
     MAX_WORKERS,
@@ -219,6 +220,13 @@ def _fleet(data: Any, path: str) -> FleetConfig:
     if fallback not in FLEET_FALLBACKS:
         fallback = invalid(f"{path}.fallback", f"must be {' or '.join(FLEET_FALLBACKS)}, got {fallback!r}",
                            d.fallback)
+    aggregation = m.get("aggregation", d.aggregation)
+    if aggregation not in FLEET_AGGREGATIONS:
+        aggregation = invalid(f"{path}.aggregation", f"must be {' or '.join(FLEET_AGGREGATIONS)}, got {aggregation!r}",
+                              d.aggregation)
+    elif aggregation == "owners" and len(topic) > 249 - len("-totals"):
+        invalid(f"{path}.topic", f"must leave room for the totals topic's suffix -totals with aggregation owners "
+                f"(at most 242 characters), got {len(topic)}", None)
     instance_id = m.get("instance_id")
     if instance_id is not None and (not isinstance(instance_id, str) or not instance_id
                                     or len(instance_id.encode()) > 255):
@@ -246,6 +254,7 @@ def _fleet(data: Any, path: str) -> FleetConfig:
         report_threshold=report_threshold,
         max_remote_entries_per_s=read_int(m, "max_remote_entries_per_s", path, d.max_remote_entries_per_s,
                                           MAX_RECORD_ENTRIES, 100_000_000),
+        aggregation=aggregation,
     )
 
 

@@ -248,6 +248,7 @@ QUOTA_ADMIN_DESCRIBE = ("anyone", "admins")
 
 
 FLEET_FALLBACKS = ("share", "local")
+FLEET_AGGREGATIONS = ("flat", "owners")
 
 
 @dataclass(frozen=True)
@@ -271,6 +272,9 @@ class FleetConfig:
     # The other members' entries this instance applies a second at most (a record past it is
     # counted and dropped unread): what a flood on the topic can cost it.
     max_remote_entries_per_s: int = 50_000
+    # "flat": every member reads every member's reports; "owners": each partition's reports are
+    # summed by one member, every member reads the sums (``<topic>-totals``): for large fleets.
+    aggregation: str = "flat"
 
 
 MAX_WORKERS = 256

@@ -50,6 +50,7 @@ class EntityState:
         "last_throttle_at_ms",
         "pending",
         "reported",
+        "reported_last",
         "remote",
         "local_share",
         "remote_rate",
@@ -64,7 +65,8 @@ class EntityState:
         self.last_throttle_ms = 0
         self.last_throttle_at_ms = now_ms
         self.pending = 0.0  # charged here since the fleet was last told (quotas.fleet)
-        self.reported = 0.0  # what the last report told, maybe not read by the others yet
+        self.reported = 0.0  # what the reports still on their way told (the others may not have read it)
+        self.reported_last = 0.0  # what the last report told
         self.remote = 0.0  # the other members' usage read since the last report
         self.local_share = 1.0  # this instance's part of the fleet's recent usage (moving average)
         self.remote_rate: WindowedRate | None = None  # the other members' part of ``rate``, once they had any

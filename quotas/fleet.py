@@ -102,7 +102,7 @@ def encode_chunks(report: UsageReport, max_bytes: int = MAX_RECORD_BYTES,
     chunks: list[list[tuple[bytes, UsageEntry]]] = [[]]
     size = head_size = _HEAD.size + 2 + len(instance) + 4
     for e in report.entries:
-        body = _entry_bytes(e)
+        body = entry_bytes(e)
         if chunks[-1] and (size + len(body) > max_bytes or len(chunks[-1]) >= max_entries):
             chunks.append([])
             size = head_size
@@ -116,7 +116,7 @@ def encode_chunks(report: UsageReport, max_bytes: int = MAX_RECORD_BYTES,
     return out
 
 
-def _entry_bytes(e: UsageEntry) -> bytes:
+def entry_bytes(e: UsageEntry) -> bytes:
     return b"".join([bytes([_KIND_INDEX[e.kind]]), _name(e.user), _name(e.client_id), _ENTRY_TAIL.pack(e.amount)])
 
 

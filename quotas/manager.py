@@ -88,6 +88,7 @@ class QuotaManager:
         self._share = 1  # the fleet's fallback divides every bound by the members last known
         self._members = 1  # fleet members sharing usage (1: no fleet, or alone in it)
         self._sync_interval_ms = 0
+        self._reports_in_flight = 1
         self._next_sync_ms = 0
         self.withheld_total = 0  # entities' interval usage left out of the fleet's reports (take_local_usage)
         # The states charged, reported or told of since the fleet's last take_local_usage: what
@@ -296,23 +297,26 @@ class QuotaManager:
         out = []
         for state in states:
             pending = state.pending
+            told = 0.0  # what this report tells of the entity
             if pending > 0:
                 state.pending = 0.0
                 if (report_threshold and state.shared_until_ms <= now_ms
                         and not worth_reporting(pending, state.resolved.quota, interval_ms, members, report_threshold)):
                     self.withheld_total += 1
-                    state.reported = 0.0
                 else:
                     out.append((state.resolved.key, pending))
-                    state.reported = pending
-                    active.add(state)  # its ``reported`` goes back to 0 at the next call
+                    told = pending
                     if report_threshold:
                         state.mark_shared(now_ms)
-            else:
-                state.reported = 0.0
-                if pending:
-                    active.add(state)  # a give-back, carried
+            elif pending:
+                active.add(state)  # a give-back, carried
                 pending = 0.0
+            # Still on its way to the others: this report, and the one before when the fleet's
+            # owners pass usage on (one more interval; proxy.control.fleet_owners).
+            state.reported = told + (state.reported_last if self._reports_in_flight > 1 else 0.0)
+            state.reported_last = told
+            if state.reported:
+                active.add(state)  # its ``reported`` goes back to 0 at a later call
             total = pending + state.remote
             if total > 0:  # this interval's part, into a moving average (about ten intervals)
                 state.local_share += _SHARE_WEIGHT * (pending / total - state.local_share)
@@ -346,11 +350,13 @@ class QuotaManager:
         if not before and self._active is not None:
             self._active.add(state)
 
-    def set_fleet(self, members: int, sync_interval_ms: int) -> None:
+    def set_fleet(self, members: int, sync_interval_ms: int, reports_in_flight: int = 1) -> None:
         """``members`` instances (this one included) share usage every ``sync_interval_ms``:
-        a windowed rate's burst is paced (:meth:`_paced_ms`)."""
+        a windowed rate's burst is paced (:meth:`_paced_ms`), counting what the last
+        ``reports_in_flight`` reports told as not read by the others yet."""
         self._members = max(1, int(members))
         self._sync_interval_ms = sync_interval_ms
+        self._reports_in_flight = reports_in_flight
 
     def _fleet_throttle_ms(self, state: RateState, throttle_ms: int, now_ms: int, paced: bool) -> int:
         """Kafka's throttle on the fleet's rate, stretched by this instance's share of the
@@ -382,7 +388,7 @@ class QuotaManager:
 
     def _paced_ms(self, state: RateState, now_ms: int, amount: float = 0.0) -> int:
         """The fleet's burst pacing: what the others may not have read yet (this interval's usage
-        and the last report's, still on its way, and ``amount`` about to be admitted) is at most
+        and the reports' still on their way, and ``amount`` about to be admitted) is at most
         this instance's part (1 / members) of what the window still allows. Greedy clients on
         every member would otherwise each get what the window allows before the first reports
         are read: one burst per member at the start, and again each time a sample leaves the

@@ -22,6 +22,7 @@ from proxy.cluster.refresh import refresh_once
 from proxy.cluster.topics import TopicCache
 from proxy.control.fleet import FleetExchange
 from proxy.control.fleet_metrics import FleetCollector
+from proxy.control.fleet_owners import OwnersExchange
 from proxy.control.quota_store import OverlayStore, QuotaStore
 from proxy.control.quota_store_metrics import QuotaStoreCollector
 from proxy.control.quota_topic_store import TopicStore
@@ -169,8 +170,9 @@ class ProxyServer:
             w = config.quota_windows
             window_ms = int(1000 * max(w.quota_window_num * w.quota_window_size_seconds,
                                        w.controller_quota_window_num * w.controller_quota_window_size_seconds))
-            self.fleet = FleetExchange(config.fleet, self.cluster, self.quotas, config.upstream.connect_timeout_s,
-                                       window_ms, now_ms, self.producer_ids)
+            exchange = OwnersExchange if config.fleet.aggregation == "owners" else FleetExchange
+            self.fleet = exchange(config.fleet, self.cluster, self.quotas, config.upstream.connect_timeout_s,
+                                  window_ms, now_ms, self.producer_ids)
             self.registry.register(FleetCollector(self.fleet, now_ms))
             if worker is not None and config.fleet.instance_id:
                 self.fleet.instance_id = f"{config.fleet.instance_id}/w{worker.worker_id}"  # each a member

@@ -42,15 +42,12 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from kafka.protocol.consumer import FetchRequest, ListOffsetsRequest
 from kafka.record import MemoryRecords
 
 from config.model import FleetConfig
 from proxy.cluster.brokers import Cluster
-from proxy.cluster.dialer import OwnConnection
-from proxy.cluster.kafka_retry import KAFKA_BACKOFF
-from proxy.cluster.refresh import fetch_topic_metadata
-from proxy.control.quota_topic_producer import PartitionProducer, StoreError, broker_error
+from proxy.control.fleet_reader import FAILURES, TopicReader, leaders, missing
+from proxy.control.quota_topic_producer import PartitionProducer, StoreError
 from proxy.control.topic_admin import create_topic
 from quotas.common import PRODUCER_IDS_RATE
 from quotas.fleet import (
@@ -70,10 +67,7 @@ from quotas.producer_ids import ProducerIdQuotaManager
 
 log = logging.getLogger(__name__)
 
-_UNKNOWN_TOPIC_OR_PARTITION = 3
-_MAX_FETCH_BYTES = 4 << 20  # per partition and fetch: a hostile writer cannot make a read unbounded
 _GZIP = 1  # Kafka's compression codec id
-_FAILURES = (OSError, TimeoutError, asyncio.IncompleteReadError, ConnectionError, ValueError)
 APPLY_SLICE_ENTRIES = 500  # the other members' entries applied between two turns of the loop (a few ms)
 
 
@@ -84,6 +78,8 @@ def _monotonic_ms() -> int:
 class FleetExchange:
     """See the module docstring. ``window_ms``: the longest quota window (history to read at
     start); ``clock``: the quota engines' clock (ms)."""
+
+    REPORTS_IN_FLIGHT = 1  # a report is read by the others within about one interval
 
     def __init__(self, config: FleetConfig, cluster: Cluster, manager: QuotaManager, timeout_s: float,
                  window_ms: int, clock: Callable[[], int] = _monotonic_ms,
@@ -108,7 +104,6 @@ class FleetExchange:
         self.ignored: Counter[str] = Counter()  # reason -> records ignored
         self.reports_sent = self.entries_sent = 0
         self.bytes_sent = 0
-        self.bytes_read = 0
         self.remote_applied = 0
         self.remote_dropped = 0  # entries dropped unread, past max_remote_entries_per_s
         self._budget = EntryBudget(config.max_remote_entries_per_s, window_ms, clock())
@@ -119,10 +114,9 @@ class FleetExchange:
         self._known_members = 1  # the fleet's size before the topic went out of reach (with us)
         self._tasks: list[asyncio.Task[None]] = []
         self._producer: PartitionProducer | None = None
-        self._created = False
-        self._caught_up: set[int] = set()  # partitions read up to their end once
-        self._next_offsets: dict[int, int] = {}  # partition -> the next offset to read
-        self._read_retries = 0  # failed reads in a row: the backoff before the next
+        self._created_topics: set[str] = set()
+        self._reader = TopicReader(config.topic, cluster, timeout_s, max(config.sync_interval_ms // 2, 10), window_ms,
+                                   self._apply, self._fetched, self._read_failed, self._ensure_topic)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -130,7 +124,7 @@ class FleetExchange:
         if not self.instance_id:
             self.instance_id = instance_id
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._publish()), loop.create_task(self._follow()),
+        self._tasks = [loop.create_task(self._publish()), loop.create_task(self._reader.run()),
                        loop.create_task(self._watch())]
         log.info("fleet: instance %s sharing usage through %s every %d ms (member timeout %d ms, fallback %s)",
                  self.instance_id, self.config.topic, self.config.sync_interval_ms, self.config.member_timeout_ms,
@@ -143,13 +137,21 @@ class FleetExchange:
         if self._producer is not None:
             self._producer.close()
 
+    def size(self) -> int:
+        """The members sharing usage now, this one included."""
+        return len(self.members) + 1
+
+    def member_ages(self) -> list[tuple[str, int]]:
+        """(member, this instance's clock when its usage was last read) for every other member."""
+        return list(self.members.live())
+
     @property
     def withheld_total(self) -> int:
         return self._manager.withheld_total
 
     def state(self) -> tuple[bool, str]:
         """(ready, a line for /healthz and /readyz)."""
-        line = f"fleet {self.config.topic}: {len(self.members) + 1} members"
+        line = f"fleet {self.config.topic}: {self.size()} members"
         if self.fallback:
             line += f"; FALLBACK ({self._fallback_text()}), the usage topic out of reach"
         if not self.loaded.is_set():
@@ -176,7 +178,7 @@ class FleetExchange:
             try:
                 async with asyncio.timeout(max(self._timeout_s, interval_s)):
                     await self._send(encode_chunks(report))
-            except _FAILURES as exc:
+            except FAILURES as exc:
                 self._failed("write", exc)
                 if self._producer is not None:
                     self._producer.failed(exc)
@@ -190,6 +192,7 @@ class FleetExchange:
         max.message.bytes, a client-id flood's, still goes), each taken out of what is carried to
         the next report once it landed: a failure leaves only what did not land to send again."""
         for value, entries in chunks:
+            self._sending(self._seq, entries)
             await self._write(value)
             self._seq += 1
             self.reports_sent += 1
@@ -198,9 +201,11 @@ class FleetExchange:
             for e in entries:
                 self._carry.pop((e.kind, e.user, e.client_id), None)
 
+    def _sending(self, seq: int, entries: tuple[UsageEntry, ...]) -> None:
+        """The record of sequence number ``seq`` is about to be written (again, if the last try failed)."""
+
     async def _write(self, value: bytes) -> None:
-        if not self._created:
-            await self._ensure_topic()
+        await self._ensure_topic()
         if self._producer is None:
             # gzip: a report's entity names and counts compress to about 40 % (zlib is always there).
             self._producer = PartitionProducer(self.config.topic, self._cluster.dialer, self._timeout_s,
@@ -210,97 +215,6 @@ class FleetExchange:
         await self._producer.send([(key, value)])
 
     # -- reading --------------------------------------------------------------------------
-
-    async def _follow(self) -> None:
-        while True:
-            try:
-                if not self._created:
-                    await self._ensure_topic()
-                leaders = self._leaders(await self._metadata())
-                async with asyncio.TaskGroup() as group:  # one connection per leader; one failing ends all
-                    for leader, partitions in leaders.items():
-                        group.create_task(self._follow_leader(leader, partitions))
-            except* _FAILURES as failures:
-                self._failed("read", failures.exceptions[0])
-                self._check_fallback()
-                await asyncio.sleep(KAFKA_BACKOFF.delay_s(self._read_retries, 0.5))
-                self._read_retries = min(self._read_retries + 1, 10)
-
-    async def _follow_leader(self, leader: tuple[str, int], partitions: list[int]) -> None:
-        async with await self._cluster.dialer.open(leader, self._timeout_s) as conn:
-            async with asyncio.timeout(self._timeout_s):
-                ends = await self._offsets(conn, partitions, -1)
-                new = [p for p in partitions if p not in self._next_offsets]
-                if new:  # the first time: from the oldest usage still inside the window
-                    start = await self._offsets(conn, new, int(time.time() * 1000) - self._window_ms)
-                    self._next_offsets.update({p: (start[p] if start[p] >= 0 else ends[p]) for p in new})
-            # A reconnect goes on where the last connection stopped: nothing is read twice.
-            offsets = {p: self._next_offsets[p] for p in partitions}
-            wait_ms = max(self.config.sync_interval_ms // 2, 10)
-            while True:
-                async with asyncio.timeout(self._timeout_s + wait_ms / 1000):
-                    highs = await self._fetch(conn, offsets, wait_ms)
-                self._next_offsets.update(offsets)
-                self.last_read_ms = self._clock()
-                self._read_retries = 0  # the next outage backs off from Kafka's first retry again
-                self._expire_members()
-                self._check_fallback()
-                if not self.loaded.is_set() and all(offsets[p] >= max(highs.get(p, 0), ends[p]) for p in partitions):
-                    self._caught_up.update(partitions)
-                    if len(self._caught_up) >= self.config.partitions:
-                        log.info("fleet: read the usage inside the last %d ms: %d other members", self._window_ms,
-                                 len(self.members))
-                        self.loaded.set()
-
-    async def _offsets(self, conn: OwnConnection, partitions: list[int], timestamp: int) -> dict[int, int]:
-        """ListOffsets: the first offset at or after ``timestamp`` (-1: latest) per partition."""
-        version = min(conn.api_versions.get(ListOffsetsRequest.API_KEY, (0, 0))[1], 5)
-        if version < 1:
-            raise StoreError(f"the broker offers no ListOffsets version >= 1 ({version})", retriable=False)
-        T = ListOffsetsRequest[version].ListOffsetsTopic
-        parts = [T.ListOffsetsPartition(partition_index=p, current_leader_epoch=-1, timestamp=timestamp)
-                 for p in partitions]
-        resp = await conn.round_trip(ListOffsetsRequest[version](replica_id=-1, isolation_level=0,
-                                                                 topics=[T(name=self.config.topic, partitions=parts)]))
-        out = {}
-        for topic in resp.topics:
-            for part in topic.partitions:
-                if part.error_code:
-                    raise broker_error("ListOffsets", part.error_code)
-                out[part.partition_index] = int(part.offset)
-        missing = [p for p in partitions if p not in out]
-        if missing:
-            raise StoreError(f"ListOffsets answered nothing for partitions {missing}")
-        return out
-
-    async def _fetch(self, conn: OwnConnection, offsets: dict[int, int], wait_ms: int) -> dict[int, int]:
-        """One Fetch of every partition from ``offsets`` (moved past what was read); the high
-        watermarks."""
-        version = min(conn.api_versions.get(FetchRequest.API_KEY, (0, 0))[1], 12)  # v13+: topic ids
-        if version < 4:
-            raise StoreError(f"the broker offers no Fetch version >= 4 ({version})", retriable=False)
-        T = FetchRequest[version].FetchTopic
-        parts = [T.FetchPartition(partition=p, current_leader_epoch=-1, fetch_offset=o, last_fetched_epoch=-1,
-                                  log_start_offset=-1, partition_max_bytes=_MAX_FETCH_BYTES)
-                 for p, o in offsets.items()]
-        resp: Any = await conn.round_trip(FetchRequest[version](
-            replica_id=-1, max_wait_ms=wait_ms, min_bytes=1, max_bytes=_MAX_FETCH_BYTES, isolation_level=0,
-            session_id=0, session_epoch=-1, topics=[T(topic=self.config.topic, partitions=parts)],
-            forgotten_topics_data=[], rack_id=""))
-        if getattr(resp, "error_code", 0):
-            raise broker_error("Fetch", resp.error_code)
-        highs = {}
-        for topic in resp.responses:
-            for part in topic.partitions:
-                if part.error_code:
-                    raise broker_error("Fetch", part.error_code)
-                if part.partition_index not in offsets:
-                    continue
-                highs[part.partition_index] = int(part.high_watermark)
-                data = bytes(part.records or b"")
-                self.bytes_read += len(data)
-                await self._apply(data, offsets, part.partition_index)
-        return highs
 
     async def _apply(self, data: bytes, offsets: dict[int, int], partition: int) -> None:
         """Applies the reports in ``data`` from ``offsets[partition]`` on. Their entries are summed
@@ -322,13 +236,30 @@ class FleetExchange:
                 read += self._read_value(record.value, now, sums)
                 if read >= APPLY_SLICE_ENTRIES:
                     self._add(sums, now)
-                    offsets[partition] = self._next_offsets[partition] = offset
+                    offsets[partition] = self._reader.next_offsets[partition] = offset
                     sums, read = {}, 0
                     await asyncio.sleep(0)
                     now = self._clock()
             offset = max(offset, getattr(batch, "next_offset", offset))
         self._add(sums, now)
-        offsets[partition] = self._next_offsets[partition] = offset
+        offsets[partition] = self._reader.next_offsets[partition] = offset
+
+    @property
+    def bytes_read(self) -> int:
+        return self._reader.bytes_read
+
+    def _fetched(self, caught_up: bool) -> None:
+        self.last_read_ms = self._clock()
+        self._expire_members()
+        self._check_fallback()
+        if caught_up and not self.loaded.is_set():
+            log.info("fleet: read the usage inside the last %d ms: %d other members", self._window_ms,
+                     self.size() - 1)
+            self.loaded.set()
+
+    def _read_failed(self, exc: BaseException) -> None:
+        self._failed("read", exc)
+        self._check_fallback()
 
     def _expire_members(self) -> None:
         for member in self.members.expire(self._clock()):
@@ -337,33 +268,15 @@ class FleetExchange:
 
     def _pace(self) -> None:
         """The quota engines pace bursts by the members sharing now (none while in fallback)."""
-        members = 1 if self.fallback else len(self.members) + 1
-        self._manager.set_fleet(members, self.config.sync_interval_ms)
+        members = 1 if self.fallback else self.size()
+        self._manager.set_fleet(members, self.config.sync_interval_ms, self.REPORTS_IN_FLIGHT)
 
     def _read_value(self, value: bytes | None, now: int, sums: dict[EntityKey, list[float]]) -> int:
         """Adds one record's entries to ``sums``; how many (0 when it was not decoded)."""
-        try:
-            head, count, _ = read = report_head(value or b"")
-            if head.instance_id == self.instance_id and head.incarnation == self.incarnation:
-                return 0  # our own: already in our samples
-            if count and not self._budget.take(count, now, self.loaded.is_set()):
-                # Its entries are dropped unread; it still tells who is in the fleet.
-                self.ignored["over_budget"] += 1
-                self.remote_dropped += count
-                self._cluster.dialer.log_failure(
-                    "fleet_budget", logging.WARNING, "fleet topic %s: a report of %d entries from %s dropped unread: "
-                    "past fleet.max_remote_entries_per_s (%d)", self.config.topic, count, head.instance_id,
-                    self.config.max_remote_entries_per_s)
-                self._counts(head, now)
-                return 0
-            head, entries = self._decoder.decode(value or b"", read)
-        except BadReport as exc:
-            self.ignored[exc.reason] += 1
-            self._cluster.dialer.log_failure("fleet_record", logging.WARNING,
-                                             "fleet topic %s: record ignored: %s", self.config.topic, exc)
+        read = self._decoded(value, now)
+        if read is None:
             return 0
-        if not self._counts(head, now):
-            return 0
+        entries = read[1]
         for key, amount in entries:
             summed = sums.get(key)
             if summed is None:
@@ -372,6 +285,38 @@ class FleetExchange:
                 summed[0] += amount
                 summed[1] += 1
         return len(entries)
+
+    def _decoded(self, value: bytes | None, now: int,
+                 own: bool = False) -> tuple[UsageReport, list[tuple[EntityKey, float]]] | None:
+        """The report in one record and its entries, when its usage counts here (news, within
+        the read budget, decoded); ``own``: this incarnation's own reports count too."""
+        try:
+            head, count, _ = read = report_head(value or b"")
+            mine = head.instance_id == self.instance_id and head.incarnation == self.incarnation
+            if mine and not own:
+                return None  # our own: already in our samples
+            if count and not mine and not self._budget.take(count, now, self.loaded.is_set()):
+                # Its entries are dropped unread; it still tells who is in the fleet.
+                self.ignored["over_budget"] += 1
+                self.remote_dropped += count
+                self._cluster.dialer.log_failure(
+                    "fleet_budget", logging.WARNING, "fleet topic %s: a report of %d entries from %s dropped unread: "
+                    "past fleet.max_remote_entries_per_s (%d)", self.config.topic, count, head.instance_id,
+                    self.config.max_remote_entries_per_s)
+                self._counts(head, now)
+                return None
+            head, entries = self._decoder.decode(value or b"", read)
+        except BadReport as exc:
+            self._ignore(exc)
+            return None
+        if not mine and not self._counts(head, now):
+            return None
+        return head, entries
+
+    def _ignore(self, exc: BadReport) -> None:
+        self.ignored[exc.reason] += 1
+        self._cluster.dialer.log_failure("fleet_record", logging.WARNING, "fleet topic %s: record ignored: %s",
+                                         self.config.topic, exc)
 
     def _counts(self, report: UsageReport, now: int) -> bool:
         """Whether the usage of ``report`` counts here (it is news), noting its sender as a member."""
@@ -423,7 +368,7 @@ class FleetExchange:
             self.fallback = True
             self.fallback_total += 1
             self.fallback_since_ms = now
-            self._known_members = len(self.members) + 1
+            self._known_members = self.size()
             if self.config.fallback == "share":
                 self._manager.set_share(self._known_members)
             self._pace()
@@ -449,52 +394,43 @@ class FleetExchange:
 
     # -- the topic ------------------------------------------------------------------------
 
-    async def _metadata(self) -> Any:
-        """The topic's metadata; a topic found missing (deleted since) is made again by the next
-        write or read."""
-        address = self._cluster.upstream_address(None, 0)
-        metadata = await fetch_topic_metadata(self._cluster.dialer, address, [self.config.topic], [],
-                                              self._timeout_s)
-        if any(t.name == self.config.topic and t.error_code == _UNKNOWN_TOPIC_OR_PARTITION for t in metadata.topics):
-            self._created = False
+    async def _metadata(self, reader: TopicReader | None = None) -> Any:
+        """The metadata of the usage topic (or of ``reader``'s); a topic found missing (deleted
+        since) is made again by the next write or read."""
+        reader = reader or self._reader
+        metadata = await reader.metadata()
+        if missing(metadata, reader.topic):
+            self._created_topics.discard(reader.topic)
         return metadata
 
-    def _leaders(self, metadata: Any) -> dict[tuple[str, int], list[int]]:
-        brokers = {b.node_id: (b.host, b.port) for b in metadata.brokers}
-        out: dict[tuple[str, int], list[int]] = {}
-        for topic in metadata.topics:
-            if topic.name != self.config.topic:
-                continue
-            if topic.error_code:
-                raise broker_error("Metadata", topic.error_code, self.config.topic)
-            for p in topic.partitions:
-                if p.leader_id in brokers:
-                    out.setdefault(brokers[p.leader_id], []).append(p.partition_index)
-        if not out:
-            raise StoreError(f"no leader known for {self.config.topic}")
-        return out
-
     async def _partition_leader(self) -> tuple[str, int]:
-        for leader, partitions in self._leaders(await self._metadata()).items():
-            if self.partition in partitions:
-                return leader
-        raise StoreError(f"no leader known for {self.config.topic}-{self.partition}")
+        leader = leaders(await self._metadata(), self.config.topic).get(self.partition)
+        if leader is None:
+            raise StoreError(f"no leader known for {self.config.topic}-{self.partition}")
+        return leader
 
     async def _ensure_topic(self) -> None:
-        metadata = await self._metadata()
-        known = [t for t in metadata.topics if t.name == self.config.topic]
+        await self._ensure(self._reader, self.config.partitions)
+
+    async def _ensure(self, reader: TopicReader, partitions: int) -> None:
+        """Creates ``reader``'s topic, of ``partitions``, unless it is there."""
+        topic = reader.topic
+        if topic in self._created_topics:
+            return
+        metadata = await self._metadata(reader)
+        known = [t for t in metadata.topics if t.name == topic]
         if known and known[0].error_code == 0:
-            self._created = True
+            self._created_topics.add(topic)
             return
         brokers = {b.node_id: (b.host, b.port) for b in metadata.brokers}
         target = brokers.get(metadata.controller_id) or next(iter(brokers.values()), None)
         if target is None:
             raise StoreError("no broker known to create the fleet topic")
         replication = min(3, len(brokers))
-        code = await create_topic(self._cluster.dialer, target, self.config.topic, self.config.partitions, replication,
+        code = await create_topic(self._cluster.dialer, target, topic, partitions, replication,
                                   {"cleanup.policy": "delete", "retention.ms": str(self.config.retention_ms)},
                                   self._timeout_s)
         if code == 0:
             log.info("created the fleet topic %s (%d partitions, replication factor %d, retention.ms %d)",
-                     self.config.topic, self.config.partitions, replication, self.config.retention_ms)
-        self._created = True
+                     topic, partitions, replication, self.config.retention_ms)
+        self._created_topics.add(topic)

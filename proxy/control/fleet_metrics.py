@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from proxy.control.fleet import FleetExchange
+from proxy.control.fleet_owners import OwnersExchange
 
 
 class FleetCollector:
@@ -20,10 +21,10 @@ class FleetCollector:
         f = self._fleet
         now = self._clock()
         yield GaugeMetricFamily("kqp_fleet_members", "Instances sharing usage, this one included",
-                                value=len(f.members) + 1)
+                                value=f.size())
         lag = GaugeMetricFamily("kqp_fleet_sync_lag_seconds", "Age of the freshest usage read from each member",
                                 labels=["member"])
-        for member, seen_ms in f.members.live():
+        for member, seen_ms in f.member_ages():
             lag.add_metric([member], max(now - seen_ms, 0) / 1000)
         yield lag
         yield GaugeMetricFamily("kqp_fleet_fallback", "1 while the usage topic is out of reach and the fallback "
@@ -53,5 +54,13 @@ class FleetCollector:
         yield CounterMetricFamily("kqp_fleet_entries_withheld", "Entities' interval usage left out of this "
                                   "instance's reports (under fleet.report_threshold, not shared by the fleet)",
                                   value=f.withheld_total)
+        if isinstance(f, OwnersExchange):
+            yield GaugeMetricFamily("kqp_fleet_partitions_owned", "Usage topic partitions this instance sums for "
+                                    "the fleet (fleet.aggregation: owners)", value=len(f.owned()))
+            yield CounterMetricFamily("kqp_fleet_totals_sent", "Totals records written (fleet.aggregation: owners)",
+                                      value=f.totals_sent)
+            yield CounterMetricFamily("kqp_fleet_totals_dropped", "Totals records dropped unwritten, the totals "
+                                      "topic out of reach too long (fleet.aggregation: owners)",
+                                      value=f.totals_dropped)
         yield CounterMetricFamily("kqp_fleet_instance_id_conflicts", "Reports from another running instance "
                                   "with this instance's fleet.instance_id", value=f.id_conflicts)

@@ -84,6 +84,7 @@ GAUGE_AGGREGATION: Final[Mapping[str, Aggregation]] = {
     "kqp_fleet_members": "max",
     "kqp_fleet_sync_lag_seconds": "max",
     "kqp_fleet_fallback": "max",
+    "kqp_fleet_partitions_owned": "sum",  # each worker is a member of its own: the host owns them all
     # The quota store each worker follows (control/quota_store_metrics.py): the worker furthest
     # behind; the host is loaded once every worker is.
     "kqp_quota_store_last_applied_offset": "min",

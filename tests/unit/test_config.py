@@ -237,3 +237,18 @@ def test_a_bad_workers_setting_names_its_path(value, where):
     with pytest.raises(ConfigError) as err:
         parse_config({**VALID, "workers": value})
     assert str(err.value).startswith(f"{where}:"), err.value
+
+
+def test_fleet_aggregation_is_flat_or_owners():
+    assert parse_config(VALID).fleet.aggregation == "flat"
+    assert parse_config({**VALID, "fleet": {"aggregation": "owners", "partitions": 32}}).fleet.aggregation == "owners"
+
+
+@pytest.mark.parametrize(("fleet", "where", "said"), [
+    ({"aggregation": "tree"}, "fleet.aggregation", "'tree'"),
+    ({"aggregation": "owners", "topic": "t" * 243}, "fleet.topic", "-totals"),
+])
+def test_a_bad_fleet_aggregation_names_its_path(fleet, where, said):
+    with pytest.raises(ConfigError) as err:
+        parse_config({**VALID, "fleet": fleet})
+    assert str(err.value).startswith(f"{where}:") and said in str(err.value), err.value

@@ -66,7 +66,7 @@ def test_the_fallback_starts_on_time_while_writes_and_reads_hang():
         await asyncio.Event().wait()
 
     fleet._write = hang  # type: ignore[method-assign]
-    fleet._follow = hang  # type: ignore[method-assign]
+    fleet._reader.run = hang  # type: ignore[method-assign]
 
     async def scenario() -> tuple[bool, float]:
         loop = asyncio.get_running_loop()

@@ -68,7 +68,7 @@ def records(values: list[bytes]) -> bytes:
 def apply(fleet: FleetExchange, values: list[bytes]) -> int:
     """Reads ``values`` as one fetch of partition 0 returns them; the entries applied."""
     before = fleet.remote_applied
-    fleet._next_offsets = {0: 0}
+    fleet._reader.next_offsets = {0: 0}
     asyncio.run(fleet._apply(records(values), {0: 0}, 0))
     return fleet.remote_applied - before
 
@@ -119,7 +119,7 @@ def test_a_read_cut_short_applies_nothing_twice_and_loses_nothing():
     fleet = exchange(clock)
     now = wall_ms()
     data = records([report(f"m{i}", 1, 100, now) for i in range(40)])
-    fleet._next_offsets = {0: 0}
+    fleet._reader.next_offsets = {0: 0}
 
     async def cut() -> None:
         task = asyncio.create_task(fleet._apply(data, {0: 0}, 0))
@@ -131,8 +131,8 @@ def test_a_read_cut_short_applies_nothing_twice_and_loses_nothing():
 
     asyncio.run(cut())
     first = fleet.remote_applied
-    assert 0 < first < 4_000 and fleet._next_offsets[0] == first // 100
-    asyncio.run(fleet._apply(data, {0: fleet._next_offsets[0]}, 0))
+    assert 0 < first < 4_000 and fleet._reader.next_offsets[0] == first // 100
+    asyncio.run(fleet._apply(data, {0: fleet._reader.next_offsets[0]}, 0))
     assert fleet.remote_applied == 4_000
 
 
@@ -145,7 +145,7 @@ def test_a_long_read_gives_the_loop_a_turn_every_few_hundred_entries_and_moves_t
 
     async def main() -> dict[int, int]:
         offsets = {0: 0}
-        fleet._next_offsets = {0: 0}
+        fleet._reader.next_offsets = {0: 0}
         stop = asyncio.Event()
 
         async def ticker() -> None:
@@ -162,7 +162,7 @@ def test_a_long_read_gives_the_loop_a_turn_every_few_hundred_entries_and_moves_t
 
     offsets = asyncio.run(main())
     assert fleet.remote_applied == 4_000
-    assert offsets == {0: 40} and fleet._next_offsets == {0: 40}
+    assert offsets == {0: 40} and fleet._reader.next_offsets == {0: 40}
     # The ticker saw the entries applied grow a slice at a time.
     seen = sorted(set(turns))
     assert len(seen) >= 4_000 // APPLY_SLICE_ENTRIES

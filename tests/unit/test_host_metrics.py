@@ -55,8 +55,10 @@ class _Members:
 
 
 def worker_fleet(fallback: bool, seen_ms: dict[str, int], now_ms: int = 10_000) -> bytes:
+    members = _Members(seen_ms)
     fleet = SimpleNamespace(
-        members=_Members(seen_ms), fallback=fallback, fallback_total=int(fallback), errors={"write": 1, "read": 0},
+        size=lambda: len(members) + 1, member_ages=lambda: list(members.live()),
+        fallback=fallback, fallback_total=int(fallback), errors={"write": 1, "read": 0},
         ignored={"bad_version": 2}, reports_sent=5, bytes_sent=10, bytes_read=20, remote_applied=3, id_conflicts=0,
         remote_dropped=0, withheld_total=0, entries_sent=0,
     )

@@ -1,0 +1,152 @@
+"""``fleet.aggregation: owners``: each partition of the usage topic summed by one member, every
+member reading the sums. Real proxy processes in front of one Tansu, greedy confluent-kafka
+producers as in test_fleet: the semantics users rely on are the flat exchange's, and an owner
+killed with SIGKILL hands its partitions over within ``member_timeout_ms`` + one interval."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from quotas.fleet_totals import OwnersView, owner_of
+from tests.integration.test_fleet import FLEET_AT_MOST, QUOTA, RUN_S, WINDOWS, greedy, run
+from tests.support.proxy_process import ProxyProcess, start_proxies
+from tests.support.rate_runs import fresh_topic
+from tests.support.tansu import TansuBroker
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+PARTITIONS = 3
+SYNC_MS = 250
+TIMEOUT_MS = 2000
+OWNERS = {"enabled": True, "aggregation": "owners", "partitions": PARTITIONS, "sync_interval_ms": SYNC_MS,
+          "member_timeout_ms": TIMEOUT_MS}
+
+
+@pytest.fixture
+def broker():
+    with TansuBroker() as b:
+        yield b
+
+
+def owners_fleet(broker: TansuBroker, client_ids: tuple[str, ...], n: int,
+                 instance_ids: list[str] | None = None) -> list[ProxyProcess]:
+    extra = {"quota_windows": WINDOWS, "fleet": OWNERS,
+             "quotas": [{"user": "<default>", "client_id": c, "producer_byte_rate": QUOTA} for c in client_ids]}
+    if instance_ids is None:
+        return start_proxies([broker.bootstrap], n, extra)
+    out: list[ProxyProcess] = []
+    try:
+        for instance_id in instance_ids:
+            config = dict(extra, fleet=dict(OWNERS, instance_id=instance_id))
+            out.append(ProxyProcess([broker.bootstrap], extra_config=config).start())
+    except BaseException:
+        for p in out:
+            p.stop()
+        raise
+    return out
+
+
+def victim_owns_the_others() -> list[str]:
+    """Three instance ids, the last owning both others' partitions (where they write their
+    reports) while all three are live: killing it leaves both members' usage unsummed until
+    the takeover."""
+    for k in range(1000):
+        ids = [f"a{k}", f"b{k}", f"v{k}"]
+        view = OwnersView(ids[2], PARTITIONS, TIMEOUT_MS)
+        homes = {view.home(i) for i in ids[:2]}
+        if len(homes) == 2 and all(owner_of(h, ids) == ids[2] for h in homes):
+            return ids
+    raise AssertionError("no such ids")  # pragma: no cover
+
+
+def settled(fleet: list[ProxyProcess], timeout_s: float = 20.0) -> float:
+    """Seconds until every member counts them all and the partitions have one owner each."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        if (all(p.metric_sum("kqp_fleet_members") == len(fleet) for p in fleet)
+                and sum(p.metric_sum("kqp_fleet_partitions_owned") for p in fleet) == PARTITIONS):
+            return time.monotonic() - started
+        time.sleep(0.05)
+    raise AssertionError("the fleet did not settle: " + str(
+        [(p.metric_sum("kqp_fleet_members"), p.metric_sum("kqp_fleet_partitions_owned")) for p in fleet]))
+
+
+@pytest.mark.slow
+def test_owners_hold_one_producer_byte_rate_across_the_fleet(broker):
+    """As test_fleet's flat exchange: a greedy producer through each of three members holds
+    ``tenant`` to what one proxy alone lets through, and a principal on one member keeps its
+    whole quota; the usage went through the owners' totals, and the members' reports were read
+    by their owners only."""
+    alone = start_proxies([broker.bootstrap], 1, {"quota_windows": WINDOWS, "quotas": [
+        {"user": "<default>", "client_id": "solo", "producer_byte_rate": QUOTA}]})
+    fleet = owners_fleet(broker, ("tenant", "lonely"), 3)
+    try:
+        settled(fleet)
+        topics = {c: fresh_topic(broker, c) for c in ("solo", "tenant", "lonely")}
+        loads = ([(alone[0].bootstrap, "solo", topics["solo"], 1.0)]
+                 + [(p.bootstrap, "tenant", topics["tenant"], 1.0) for p in fleet]
+                 + [(fleet[0].bootstrap, "lonely", topics["lonely"], 1.0)])
+        results = run(loads)
+        solo, shared, lonely = results[0][0], sum(r[0] for r in results[1:4]), results[4][0]
+        ratio = shared / solo
+        print(f"owners: three members together {ratio:.3f} x one proxy alone; per member "
+              f"{[round(r[0] / solo, 3) for r in results[1:4]]}; one member alone {lonely / solo:.3f}")
+        assert 0.8 <= ratio <= FLEET_AT_MOST, ratio
+        assert 0.8 <= lonely / solo <= 1.1, lonely / solo
+        for p in fleet:
+            assert p.metric_sum("kqp_fleet_fallback") == 0
+            assert p.metric_sum("kqp_fleet_remote_entries_total") > 0
+        assert sum(p.metric_sum("kqp_fleet_totals_sent_total") for p in fleet) > 0
+    finally:
+        for p in alone + fleet:
+            p.stop()
+
+
+@pytest.mark.slow
+def test_a_killed_owner_is_taken_over_without_a_burst(broker):
+    """Three members, greedy producers of ``tenant`` through two of them; the third, which owns
+    the partitions both write their reports to, is killed with SIGKILL. The survivors own
+    every partition again within ``member_timeout_ms`` + one interval (and some slack for this
+    machine's scheduling), and what the two producers get over the run stays within what the
+    fleet lets through with no failure (the burst pacing holds each member to its part of what
+    the window allows while the others' usage is late)."""
+    fleet = owners_fleet(broker, ("tenant",), 3, victim_owns_the_others())
+    try:
+        settled(fleet)
+        victim = 2
+        assert fleet[victim].metric_sum("kqp_fleet_partitions_owned") >= 2
+        survivors = [p for i, p in enumerate(fleet) if i != victim]
+        topic = fresh_topic(broker, "tenant")
+        start = threading.Barrier(3)
+        results: list[list[int]] = [[], []]
+        threads = [threading.Thread(target=greedy, args=(p.bootstrap, "tenant", topic, start, RUN_S, results[i]),
+                                    daemon=True) for i, p in enumerate(survivors)]
+        for t in threads:
+            t.start()
+        start.wait(60)
+        time.sleep(RUN_S / 2)
+        os.kill(fleet[victim].process.pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        while sum(p.metric_sum("kqp_fleet_partitions_owned") for p in survivors) < PARTITIONS:
+            assert time.monotonic() - killed_at < 3 * (TIMEOUT_MS + SYNC_MS) / 1000, "not taken over"
+            time.sleep(0.02)
+        takeover_s = time.monotonic() - killed_at
+        for t in threads:
+            t.join(RUN_S + 60)
+        got = sum(r[0] for r in results) / RUN_S / QUOTA
+        print(f"partitions taken over {takeover_s:.2f} s after the SIGKILL (member timeout {TIMEOUT_MS} ms); "
+              f"two producers got {got:.3f} x the quota")
+        # The takeover: the member timeout, then the next read of the totals (one interval).
+        assert takeover_s <= (TIMEOUT_MS + 2 * SYNC_MS) / 1000 + 0.5, takeover_s
+        for p in survivors:
+            assert p.metric_sum("kqp_fleet_members") == 2
+        # One burst at most: the quota over the run plus what the window allows once more.
+        assert got <= 1 + WINDOWS["quota_window_num"] / RUN_S, got
+    finally:
+        for p in fleet:
+            p.stop()
