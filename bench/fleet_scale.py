@@ -46,10 +46,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench import clients
 from bench.procs import CpuClock, Launcher
+from config.model import FleetConfig
+from proxy.control.fleet_owners import TOTALS_SUFFIX, heartbeat_ms
 from quotas.common import PRODUCER_BYTE_RATE
 from quotas.fleet import UsageEntry, UsageReport, encode_report, worth_reporting
+from quotas.fleet_totals import Totals, encode_totals, entity_partition, owner_of
 
 TOPIC = "__kqp_quota_usage"
+REAL_MEMBER = "real-member"  # the real proxy's fleet.instance_id
 SYNC_INTERVAL_MS = 250
 BOUND = 10_000_000  # every client id's producer_byte_rate, bytes a second
 HOT_TOTAL = 0.9  # of the bound: what the whole fleet charges a hot entity
@@ -85,6 +89,7 @@ class Load:
     hot: float  # the fraction of the active entities near their bound
     cold: float  # what each of the others is charged, a fraction of its bound (the whole fleet's)
     report_threshold: float  # fleet.report_threshold, of the real member and the simulated ones
+    aggregation: str = "flat"  # fleet.aggregation
 
     def hot_entities(self, point: Point) -> int:
         return max(1, round(point.entities * self.hot))
@@ -100,7 +105,9 @@ def proxy_yaml(partitions: int, load: Load) -> str:
             "  enabled: true\n"
             f"  partitions: {partitions}\n"
             f"  sync_interval_ms: {SYNC_INTERVAL_MS}\n"
-            f"  report_threshold: {load.report_threshold}\n")
+            f"  report_threshold: {load.report_threshold}\n"
+            f"  aggregation: {load.aggregation}\n"
+            f"  instance_id: {REAL_MEMBER}\n")
 
 
 def member_entries(point: Point, load: Load, member: int) -> tuple[UsageEntry, ...]:
@@ -122,33 +129,77 @@ def member_entries(point: Point, load: Load, member: int) -> tuple[UsageEntry, .
 
 
 def simulate(address: tuple[str, int], point: Point, load: Load, partitions: int, stop: Any, conn: Any) -> None:
-    """Child process: every sync interval, one report a simulated member, until ``stop`` is set;
-    sends back ("done", {intervals, late intervals, the longest lateness in ms, bytes written,
-    entries a member reports})."""
+    """Child process: every sync interval, one report a simulated member (with aggregation
+    owners, a record to each partition it has entries for, the totals of the partitions
+    simulated members own, and a heartbeat a member as often as members write them), until
+    ``stop`` is set; sends back ("done",
+    {intervals, late intervals, the longest lateness in ms, bytes written, entries a member
+    reports})."""
     from confluent_kafka import Producer
 
     producer = Producer({"bootstrap.servers": f"{address[0]}:{address[1]}", "compression.type": "gzip",
                          "linger.ms": 5, "acks": 1, "message.max.bytes": 10 << 20})
-    members = []
+    owners = load.aggregation == "owners"
+    ids = [f"sim-member-{m}" for m in range(point.members)]
+    records: list[tuple[bytes, int, list[bytearray]]] = []  # (key, partition, chunks), per member in order
+    per_member = 0  # records a member writes an interval
     reported = 0
-    for m in range(point.members):
-        member_id = f"sim-member-{m}"
+    for m, member_id in enumerate(ids):
         entries = member_entries(point, load, m)
         reported = len(entries)
-        chunks = [bytearray(v) for v in encode_report(UsageReport(member_id, 1, 0, 0, SYNC_INTERVAL_MS, entries))]
-        members.append((member_id.encode(), zlib.crc32(member_id.encode()) % partitions, chunks))
+        home = zlib.crc32(member_id.encode()) % partitions  # where a flat member writes
+        split: dict[int, list[UsageEntry]] = {} if owners else {home: []}
+        for e in entries:
+            split.setdefault(entity_partition((e.kind, e.user, e.client_id), partitions) if owners else home,
+                             []).append(e)
+        n = 0
+        for partition, part in split.items():
+            chunks = [bytearray(v) for v in encode_report(UsageReport(member_id, 1, 0, 0, SYNC_INTERVAL_MS,
+                                                                      tuple(part)))]
+            records.append((member_id.encode(), partition, chunks))
+            n += len(chunks)
+        per_member = max(per_member, n)
+    # With owners: the partitions simulated members own, and what their totals carry an interval.
+    sim_totals = owned_totals(point, load, partitions, ids) if owners else {}
+    next_offset = [0] * partitions
+
+    def delivered(err: Any, msg: Any) -> None:
+        if err is None and msg.topic() == TOPIC:
+            next_offset[msg.partition()] = max(next_offset[msg.partition()], msg.offset() + 1)
+
+    from_offset = [0] * partitions
+    heartbeats = [bytearray(encode_report(UsageReport(m, 1, 0, 0, SYNC_INTERVAL_MS))[0]) for m in ids]
+    heartbeat_every = max(1, round(heartbeat_ms(FleetConfig(sync_interval_ms=SYNC_INTERVAL_MS)) / SYNC_INTERVAL_MS))
     interval_s = SYNC_INTERVAL_MS / 1000
     seq = intervals = late = written = 0
     worst_ms = 0.0
     next_at = time.monotonic()
     while not stop.is_set():
         sent_at = int(time.time() * 1000)
-        for key, partition, chunks in members:
-            for i, chunk in enumerate(chunks):
-                _COUNTERS.pack_into(chunk, _COUNTERS_AT, 1, seq + i, sent_at)
-                producer.produce(TOPIC, bytes(chunk), key, partition=partition)
+        member_seq = seq
+        last_key = None
+        for key, partition, chunks in records:
+            if key != last_key:
+                member_seq, last_key = seq, key
+            for chunk in chunks:
+                _COUNTERS.pack_into(chunk, _COUNTERS_AT, 1, member_seq, sent_at)
+                producer.produce(TOPIC, bytes(chunk), key, partition=partition, on_delivery=delivered)
+                member_seq += 1
                 written += len(chunk)
-        seq += max(len(c) for _, _, c in members) if members else 0
+        if owners and intervals % heartbeat_every == 0:
+            for key, value in zip(ids, heartbeats, strict=True):
+                _COUNTERS.pack_into(value, _COUNTERS_AT, 1, seq, sent_at)
+                producer.produce(TOPIC + TOTALS_SUFFIX, bytes(value), key.encode(), partition=0)
+                written += len(value)
+        for partition, (owner, entries) in sim_totals.items():
+            # The range: what was delivered to the partition since the last totals (ranges only order them).
+            totals = Totals(owner, 1, partition, from_offset[partition], max(next_offset[partition],
+                            from_offset[partition]), sent_at, SYNC_INTERVAL_MS, entries)
+            from_offset[partition] = totals.next_offset
+            for value in encode_totals(totals):
+                producer.produce(TOPIC + TOTALS_SUFFIX, value, owner.encode(), partition=0)
+                written += len(value)
+        seq += max(per_member, 1)
         producer.poll(0)
         intervals += 1
         next_at += interval_s
@@ -162,6 +213,26 @@ def simulate(address: tuple[str, int], point: Point, load: Load, partitions: int
     producer.flush(10)
     conn.send(("done", {"intervals": intervals, "late_intervals": late, "worst_late_ms": worst_ms,
                         "bytes_written": written, "entries_per_report": reported}))
+
+
+def owned_totals(point: Point, load: Load, partitions: int,
+                 ids: list[str]) -> dict[int, tuple[str, tuple[UsageEntry, ...]]]:
+    """For each partition a simulated member owns (rendezvous over them and the real member):
+    (its owner, the entities' sums an interval)."""
+    everyone = [*ids, REAL_MEMBER]
+    out = {}
+    for partition in range(partitions):
+        owner = owner_of(partition, everyone)
+        if owner is None or owner == REAL_MEMBER:
+            continue
+        sums: dict[tuple[str, str | None, str | None], float] = {}
+        for m in range(len(ids)):
+            for e in member_entries(point, load, m):
+                key = (e.kind, e.user, e.client_id)
+                if entity_partition(key, partitions) == partition:
+                    sums[key] = sums.get(key, 0.0) + e.amount
+        out[partition] = (owner, tuple(UsageEntry(k, u, c, a) for (k, u, c), a in sums.items()))
+    return out
 
 
 def scrape(address: tuple[str, int], timeout_s: float = 5.0) -> tuple[dict[str, float], float]:
@@ -210,6 +281,8 @@ def measure(point: Point, load: Load, workdir: Path, seconds: float, partitions:
     try:
         broker = launcher.tansu_broker(name="fleet-tansu-broker")
         clients.create_topic(broker.address, TOPIC, partitions)
+        if load.aggregation == "owners":
+            clients.create_topic(broker.address, TOPIC + TOTALS_SUFFIX, 1)
         member = launcher.our_proxy(broker.address, name="fleet-member", extra_yaml=proxy_yaml(partitions, load))
         metrics = tuple(member.extra["metrics"])
         sim = ctx.Process(target=simulate, args=(broker.address, point, load, partitions, stop, there), daemon=True)
@@ -279,15 +352,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hot", type=float, default=0.01, help="fraction of the entities near their bound")
     parser.add_argument("--cold", type=float, default=0.001, help="what each other entity is charged, of its bound")
     parser.add_argument("--report-threshold", type=float, default=0.5, help="fleet.report_threshold (0: every entity)")
+    parser.add_argument("--aggregation", choices=("flat", "owners"), default="flat", help="fleet.aggregation")
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="kqp-fleet-scale-"))
-    load = Load(args.hot, args.cold, args.report_threshold)
+    load = Load(args.hot, args.cold, args.report_threshold, args.aggregation)
     rows = []
     for point in parse_grid(args.grid):
         row = measure(point, load, workdir, args.seconds, args.partitions)
-        row["load"] = {"hot": load.hot, "cold": load.cold, "report_threshold": load.report_threshold}
+        row["load"] = {"hot": load.hot, "cold": load.cold, "report_threshold": load.report_threshold,
+                       "aggregation": load.aggregation, "partitions": args.partitions}
         rows.append(row)
         sim = row["simulator"]
         print(f"[{time.strftime('%H:%M:%S')}] {point.label}: member CPU {row['cpu_pct']:.1f} % of a core, "

@@ -1,38 +1,42 @@
 """The fleet's usage summed by partition owners, the pure part (``fleet.aggregation: owners``).
 
-Every member still writes its reports to its own partition of the usage topic (quotas.fleet).
-Each partition has one **owner**, a member chosen by rendezvous hashing over the members every
-member knows (:func:`owner_of`): the owner alone reads that partition, sums what its members
-charged each entity (:class:`PartitionSums`), and every sync interval publishes the sums as a
-**totals** record to the totals topic, which every member reads. A member so reads one record
-per partition per interval, each naming the entities the partition's members reported (the
-same hot principals on every member: as many as one member reports), instead of every member's
-report: what it reads grows with the partitions, not with the members.
+Every member writes what it charged each entity to the partition of the usage topic that entity
+hashes to (:func:`entity_partition`; quotas.fleet's report format, one record per partition it
+has entries for), and a heartbeat (a report without entries) to the totals topic every few
+intervals. Every member reads the totals topic, so every member knows the same members, and
+each partition of the usage topic has one **owner**, chosen by rendezvous hashing over them
+(:func:`owner_of`, :class:`Ownership`): the owner alone reads that partition, sums what the
+members charged each of its entities (:class:`PartitionSums`), and every sync interval publishes
+the sums as a **totals** record to the totals topic. Each entity's fleet-wide usage is so in
+exactly one partition's totals: a member reads each entity the fleet reports once an interval,
+however many members charge it, and an owner reads what the members charged its partitions'
+entities (with about as many partitions as members, about what one member reports). What grows
+with the members is their heartbeats: one small record each every few intervals.
 
-A totals record covers the usage-topic offsets ``[from_offset, next_offset)`` of its partition,
-and lists, for each member whose reports it sums, the first and last sequence numbers of them
-(:class:`Included`). So:
+A totals record covers the usage-topic offsets ``[from_offset, next_offset)`` of its partition.
+So:
 
-- a reader subtracts its own part (:class:`OwnReports`: what it reported under those sequence
-  numbers), which is already in its samples;
+- a reader subtracts its own part (:class:`OwnReports`: what it wrote at those offsets), which
+  is already in its samples;
 - a reader applies a partition's ranges in order and never the same offsets twice
   (:class:`TotalsRanges`): while ownership moves, two members may publish the same range, and
   only the first read counts;
 - a new owner goes on from the last range published (``next_offset``): nothing is summed twice
-  and nothing is lost when an owner fails.
+  and nothing is lost when an owner fails;
+- a reader applies a partition's totals only from its owner (a made-up owner changes nothing).
 
 Encoding (``struct``, big-endian, version 1): ``b"KQPT"``, version u8, owner incarnation u64,
 partition u32, from_offset i64, next_offset i64, sent_at_ms i64, interval_ms u32, owner id
-(u16 length + UTF-8), member count u32, per member: incarnation u64, first seq u64, last seq
-u64, id (u16 length + UTF-8); entry count u32 and the entries as a report's (quotas.fleet).
-Untrusted input, read as reports are: within its own length, never allocating by a count it was
-given, BadReport (with a reason) otherwise. Pure: no I/O, time is an argument.
+(u16 length + UTF-8), entry count u32 and the entries as a report's (quotas.fleet). Untrusted
+input, read as reports are: within its own length, never allocating by a count it was given,
+BadReport (with a reason) otherwise. Pure: no I/O, time is an argument.
 """
 
 from __future__ import annotations
 
 import struct
 import zlib
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -51,24 +55,17 @@ from quotas.fleet import (
 
 MAGIC = b"KQPT"
 VERSION = 1
-MAX_INCLUDED = 4096  # members one record may name (FleetMembers tracks at most 1,024)
 _HEAD = struct.Struct(">4sBQIqqqI")  # magic, version, incarnation, partition, from, next, sent_at_ms, interval_ms
-_MEMBER = struct.Struct(">QQQB")  # incarnation, first seq, last seq, fresh
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 
 
-class Included(NamedTuple):
-    """The reports of one member a totals record sums: sequence numbers ``first_seq`` to
-    ``last_seq`` of incarnation ``incarnation``. ``fresh``: the last was sent recently (by the
-    owner's clock, :meth:`PartitionSums.take`): the member is alive, not a failed member's
-    reports read late, by an owner taking its partition over."""
-
-    instance_id: str
-    incarnation: int
-    first_seq: int
-    last_seq: int
-    fresh: bool = True
+def entity_partition(key: EntityKey, partitions: int) -> int:
+    """The usage-topic partition the entity ``key`` ((kind, user, client id)) is summed in."""
+    kind, user, client_id = key
+    # \x00 separates the labels; \x01 marks a label the entity does not have (never "" for None).
+    raw = "\x00".join([kind, "\x01" if user is None else user, "\x01" if client_id is None else client_id])
+    return zlib.crc32(raw.encode()) % partitions
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +80,6 @@ class Totals:
     next_offset: int
     sent_at_ms: int
     interval_ms: int
-    members: tuple[Included, ...] = ()
     entries: tuple[UsageEntry, ...] = ()
 
 
@@ -103,15 +99,12 @@ def owner_of(partition: int, members: Iterable[str]) -> str | None:
 def encode_totals(totals: Totals, max_bytes: int = MAX_RECORD_BYTES,
                   max_entries: int = MAX_RECORD_ENTRIES) -> list[bytes]:
     """The totals as one record value or, past ``max_bytes`` or ``max_entries``, several, each
-    with the same range and members (a reader applies them as one: :class:`TotalsRanges`)."""
+    with the same range (a reader applies them as one: :class:`TotalsRanges`)."""
     owner = totals.owner_id.encode()
     head = b"".join([
         _HEAD.pack(MAGIC, VERSION, totals.owner_incarnation, totals.partition, totals.from_offset,
                    totals.next_offset, totals.sent_at_ms, totals.interval_ms),
-        _U16.pack(len(owner)), owner, _U32.pack(len(totals.members)),
-        *(_MEMBER.pack(m.incarnation, m.first_seq, m.last_seq, m.fresh)
-          + _U16.pack(len(i := m.instance_id.encode())) + i
-          for m in totals.members)])
+        _U16.pack(len(owner)), owner])
     chunks: list[list[bytes]] = [[]]
     size = len(head) + 4
     for e in totals.entries:
@@ -148,22 +141,10 @@ def totals_head(data: bytes) -> TotalsHead:
     owner, pos = _text(view, pos)
     if not owner:
         raise BadReport("no_instance", "empty owner id")
-    count, pos = _u32(view, pos)
-    if count > MAX_INCLUDED or count * (_MEMBER.size + 2) > len(view) - pos:
-        raise BadReport("truncated", f"{count} members announced, {len(view) - pos} bytes left")
-    members = []
-    for _ in range(count):
-        if pos + _MEMBER.size > len(view):
-            raise BadReport("truncated", f"a member at {pos}")
-        member_incarnation, first, last, fresh = _MEMBER.unpack_from(view, pos)
-        member, pos = _text(view, pos + _MEMBER.size)
-        if not member or first > last or fresh > 1:
-            raise BadReport("bad_member", f"member {member!r}, seqs {first} to {last}, fresh {fresh}")
-        members.append(Included(member, member_incarnation, first, last, bool(fresh)))
     entries, pos = _u32(view, pos)
     if entries * 13 > len(view) - pos:  # an entry is 13 bytes at least (quotas.fleet)
         raise BadReport("truncated", f"{entries} entries announced, {len(view) - pos} bytes left")
-    totals = Totals(owner, incarnation, partition, from_offset, next_offset, sent_at_ms, interval_ms, tuple(members))
+    totals = Totals(owner, incarnation, partition, from_offset, next_offset, sent_at_ms, interval_ms)
     # The entries are read as a report's: keyed by partition for quotas.fleet.UsageDecoder's layouts.
     as_report = UsageReport(f"totals/{partition}", incarnation, 0, sent_at_ms, interval_ms)
     return TotalsHead(totals, ReportHead(as_report, entries, pos))
@@ -198,75 +179,69 @@ def _text(view: memoryview, pos: int) -> tuple[str, int]:
 @dataclass
 class PartitionSums:
     """An owner's sums for one partition since its last totals: the entries of the reports read
-    at offsets from ``from_offset`` on, per entity, and who sent them."""
+    at offsets from ``from_offset`` on, per entity."""
 
     partition: int
     from_offset: int
     sums: dict[EntityKey, float] = field(default_factory=dict)
-    # (id, incarnation) -> [first seq, last seq, the latest sent_at_ms]
-    members: dict[tuple[str, int], list[int]] = field(default_factory=dict)
     next_offset: int = -1
 
     def __post_init__(self) -> None:
         self.next_offset = max(self.next_offset, self.from_offset)
 
-    def add(self, report: UsageReport, entries: Iterable[tuple[EntityKey, float]], next_offset: int) -> None:
-        """One report, read at an offset before ``next_offset``."""
+    def add(self, entries: Iterable[tuple[EntityKey, float]], next_offset: int) -> None:
+        """One report's entries, read at an offset before ``next_offset``."""
         sums = self.sums
         for key, amount in entries:
             sums[key] = sums.get(key, 0.0) + amount
-        seqs = self.members.get((report.instance_id, report.incarnation))
-        if seqs is None:
-            self.members[(report.instance_id, report.incarnation)] = [report.seq, report.seq, report.sent_at_ms]
-        else:
-            seqs[0], seqs[1] = min(seqs[0], report.seq), max(seqs[1], report.seq)
-            seqs[2] = max(seqs[2], report.sent_at_ms)
         self.next_offset = max(self.next_offset, next_offset)
 
     def moved_to(self, next_offset: int) -> None:
-        """Read up to ``next_offset`` (records that summed nothing: ours, bad ones, duplicates)."""
+        """Read up to ``next_offset`` (records that summed nothing: bad ones, duplicates)."""
         self.next_offset = max(self.next_offset, next_offset)
 
-    def take(self, owner_id: str, owner_incarnation: int, sent_at_ms: int, interval_ms: int,
-             fresh_ms: int) -> Totals:
+    def take(self, owner_id: str, owner_incarnation: int, sent_at_ms: int, interval_ms: int) -> Totals:
         """The totals since the last take, the sums then starting again where they end; of an
-        empty range when nothing was read since (it still says the owner is there). A member is
-        named fresh when its last report was sent less than ``fresh_ms`` before ``sent_at_ms``
-        (both wall clocks)."""
+        empty range when nothing was read since (the partition's owner is at work all the same)."""
         totals = Totals(owner_id, owner_incarnation, self.partition, self.from_offset, self.next_offset, sent_at_ms,
-                        interval_ms, tuple(Included(i, inc, f, la, sent_at_ms - at < fresh_ms)
-                                           for (i, inc), (f, la, at) in self.members.items()),
-                        tuple(UsageEntry(k, u, c, a) for (k, u, c), a in self.sums.items() if a > 0))
+                        interval_ms, tuple(UsageEntry(k, u, c, a) for (k, u, c), a in self.sums.items() if a > 0))
         self.from_offset = self.next_offset
-        self.sums, self.members = {}, {}
+        self.sums = {}
         return totals
 
 
 class OwnReports:
-    """What this member reported under each of its recent sequence numbers, to take its own
-    part out of the totals that sum it (its usage is in its samples already). At most
-    ``max_reports`` are kept: the totals of an older one, unknown here, are applied whole (this
-    member's usage then counts twice for a while: more throttling, never less)."""
+    """What this member wrote to each partition of the usage topic, by offset, to take its own
+    part out of the totals that sum it (its usage is in its samples already). Totals come in
+    offset order per partition: what is before a range is dropped as it is passed. At most
+    ``max_reports`` are kept a partition: the totals of an older one, unknown here, are applied
+    whole (this member's usage then counts twice for a while: more throttling, never less)."""
 
     def __init__(self, max_reports: int) -> None:
         self.max_reports = max_reports
-        self._reports: dict[int, dict[EntityKey, float]] = {}  # seq -> amounts, oldest first
+        self._written: dict[int, deque[tuple[int, dict[EntityKey, float]]]] = {}  # partition -> (offset, amounts)
+        self._last: tuple[tuple[int, int, int], dict[EntityKey, float]] = ((-1, -1, -1), {})
 
-    def note(self, seq: int, entries: Iterable[UsageEntry]) -> None:
-        """Report ``seq`` is being written with ``entries`` (again, after a write that failed:
-        what it carries now replaces what it carried)."""
-        self._reports.pop(seq, None)
-        self._reports[seq] = {(e.kind, e.user, e.client_id): e.amount for e in entries}
-        while len(self._reports) > self.max_reports:
-            del self._reports[next(iter(self._reports))]
+    def note(self, partition: int, offset: int, entries: Iterable[UsageEntry]) -> None:
+        """A report with ``entries`` landed at ``offset`` of ``partition``."""
+        if not entries:
+            return
+        written = self._written.setdefault(partition, deque(maxlen=self.max_reports))
+        written.append((offset, {(e.kind, e.user, e.client_id): e.amount for e in entries}))
 
-    def part(self, first_seq: int, last_seq: int) -> dict[EntityKey, float]:
-        """What this member reported under ``first_seq`` to ``last_seq``, per entity."""
+    def part(self, partition: int, from_offset: int, next_offset: int) -> dict[EntityKey, float]:
+        """What this member wrote to ``partition`` at offsets ``[from_offset, next_offset)``, per
+        entity (the same again for the next chunk of the same totals)."""
+        if self._last[0] == (partition, from_offset, next_offset):
+            return self._last[1]
         out: dict[EntityKey, float] = {}
-        for seq, amounts in self._reports.items():
-            if first_seq <= seq <= last_seq:
+        written = self._written.get(partition)
+        while written and written[0][0] < next_offset:
+            offset, amounts = written.popleft()
+            if offset >= from_offset:
                 for key, amount in amounts.items():
                     out[key] = out.get(key, 0.0) + amount
+        self._last = ((partition, from_offset, next_offset), out)
         return out
 
 
@@ -293,98 +268,23 @@ class TotalsRanges:
         return None if known is None else known[0]
 
 
-class OwnersView:
-    """Who is in the fleet and who owns which partition, as one member sees it from the totals
-    it reads.
+class Ownership:
+    """Which partitions a member owns among ``members`` (the live ones, this one included),
+    worked out again only when they change (partitions x members hashes)."""
 
-    - A member is live while trusted totals name it fresh (their owner read its reports, sent
-      recently) within ``timeout_ms``; an owner also while it publishes. A member of a partition whose owner went
-      silent is named by no one until a new owner takes the partition over: it stays live
-      meanwhile (its silence is its owner's), for at most three timeouts. So an owner that fails
-      is dropped after ``timeout_ms``, its partitions owned by others from then on, and its
-      partitions' members are not dropped with it.
-    - Totals are trusted when their owner is this member or a live one: a record from a made-up
-      owner changes nothing (neither who is live nor any usage). A member that starts knows only
-      itself, owns every partition until its own totals name the others, and so learns them.
-    - A partition's totals are applied only from its owner in this view (:meth:`read`).
-    """
-
-    def __init__(self, me: str, partitions: int, timeout_ms: int, max_members: int = 1024) -> None:
+    def __init__(self, me: str, partitions: int) -> None:
         self.me = me
         self.partitions = partitions
-        self.timeout_ms = timeout_ms
-        self.max_members = max_members
-        self._named: dict[str, int] = {}  # member -> when trusted totals last named it
-        self._published: dict[str, int] = {}  # owner -> when it last published trusted totals
-        self._heard: dict[int, int] = {}  # partition -> when its last trusted totals were read
-        # Computed again when a member is first named or published, or one's time is up (a
-        # member's time only grows while the cache stands: at worst it is dropped a little late).
-        self._live: list[str] | None = None
-        self._live_until_ms = 0
+        self._members: list[str] = []
+        self._owners: list[str | None] = []
 
-    def read(self, totals: Totals, now_ms: int) -> str | None:
-        """``totals`` was read: None to apply it, else why it is not ("untrusted_owner", or
-        "not_owner": published by a live member that does not own its partition in this view,
-        while ownership moves)."""
-        live = self.live(now_ms)
-        owner = totals.owner_id
-        if owner != self.me and owner not in live:
-            return "untrusted_owner"
-        self._heard[totals.partition] = now_ms
-        if owner not in self._published:
-            self._live = None
-        self._note(self._published, owner, now_ms)
-        for m in totals.members:
-            if not m.fresh:
-                continue  # a failed member's reports, read late: they say nothing of it now
-            if m.instance_id not in self._named:
-                self._live = None
-            self._note(self._named, m.instance_id, now_ms)
-        if owner_of(totals.partition, self.live(now_ms)) != owner:
-            return "not_owner"
-        return None
+    def owners(self, members: Iterable[str]) -> list[str | None]:
+        """Each partition's owner among ``members``."""
+        live = sorted(members)
+        if live != self._members:
+            self._members = live
+            self._owners = [owner_of(p, live) for p in range(self.partitions)]
+        return self._owners
 
-    def _note(self, seen: dict[str, int], member: str, now_ms: int) -> None:
-        if member in seen or len(seen) < self.max_members:  # a flood of names is not kept past the cap
-            seen[member] = now_ms
-
-    def home(self, member: str) -> int:
-        """The partition ``member`` writes its reports to (proxy.control.fleet)."""
-        return zlib.crc32(member.encode()) % self.partitions
-
-    def live(self, now_ms: int) -> list[str]:
-        """The live members, this one included (sorted)."""
-        if self._live is not None and now_ms < self._live_until_ms:
-            return self._live
-        out = {self.me}
-        timeout = self.timeout_ms
-        next_change = now_ms + timeout
-        for member in list(self._named.keys() | self._published.keys()):
-            if member == self.me:
-                continue
-            named, published = self._named.get(member, -1), self._published.get(member)
-            last = max(named, published if published is not None else -1)
-            orphaned = published is None and self._heard.get(self.home(member), -1) <= named
-            until = last + (3 * timeout if orphaned else timeout)
-            if now_ms < until:
-                out.add(member)
-                next_change = min(next_change, until)
-            else:
-                self._named.pop(member, None)
-                self._published.pop(member, None)
-        self._live = sorted(out)
-        self._live_until_ms = next_change
-        return self._live
-
-    def seen(self) -> list[tuple[str, int]]:
-        """(member, when last heard of) for every other member known."""
-        out = dict(self._named)
-        for member, at in self._published.items():
-            out[member] = max(at, out.get(member, at))
-        out.pop(self.me, None)
-        return sorted(out.items())
-
-    def owned(self, now_ms: int) -> list[int]:
-        """The partitions this member owns now."""
-        members = self.live(now_ms)
-        return [p for p in range(self.partitions) if owner_of(p, members) == self.me]
+    def owned(self, members: Iterable[str]) -> list[int]:
+        return [p for p, owner in enumerate(self.owners(members)) if owner == self.me]

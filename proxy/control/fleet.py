@@ -40,6 +40,7 @@ import time
 import zlib
 from collections import Counter
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from kafka.record import MemoryRecords
@@ -113,7 +114,8 @@ class FleetExchange:
         self.last_write_ms = self.last_read_ms = clock()  # the last write and read that succeeded
         self._known_members = 1  # the fleet's size before the topic went out of reach (with us)
         self._tasks: list[asyncio.Task[None]] = []
-        self._producer: PartitionProducer | None = None
+        self._producers: dict[int, PartitionProducer] = {}  # partition -> the producer writing to it
+        self._writing = -1  # the partition written last (whose producer a failure concerns)
         self._created_topics: set[str] = set()
         self._reader = TopicReader(config.topic, cluster, timeout_s, max(config.sync_interval_ms // 2, 10), window_ms,
                                    self._apply, self._fetched, self._read_failed, self._ensure_topic)
@@ -134,8 +136,8 @@ class FleetExchange:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._producer is not None:
-            self._producer.close()
+        for producer in self._producers.values():
+            producer.close()
 
     def size(self) -> int:
         """The members sharing usage now, this one included."""
@@ -177,42 +179,49 @@ class FleetExchange:
                                  self.config.sync_interval_ms, usage_entries(self._carry.items()))
             try:
                 async with asyncio.timeout(max(self._timeout_s, interval_s)):
-                    await self._send(encode_chunks(report))
+                    await self._send_report(report)
             except FAILURES as exc:
                 self._failed("write", exc)
-                if self._producer is not None:
-                    self._producer.failed(exc)
+                producer = self._producers.get(self._writing)
+                if producer is not None:
+                    producer.failed(exc)
             else:
                 self._carry.clear()  # entries the report did not carry (amounts of 0) included
                 self.last_write_ms = self._clock()
             self._check_fallback()
 
-    async def _send(self, chunks: list[tuple[bytes, tuple[UsageEntry, ...]]]) -> None:
-        """Writes a report's records each in a batch of its own (a report larger than the broker's
-        max.message.bytes, a client-id flood's, still goes), each taken out of what is carried to
-        the next report once it landed: a failure leaves only what did not land to send again."""
+    async def _send_report(self, report: UsageReport) -> None:
+        await self._send(encode_chunks(report), self.partition)
+
+    async def _send(self, chunks: list[tuple[bytes, tuple[UsageEntry, ...]]], partition: int) -> None:
+        """Writes a report's records to ``partition``, each in a batch of its own (a report
+        larger than the broker's max.message.bytes, a client-id flood's, still goes), each taken
+        out of what is carried to the next report once it landed: a failure leaves only what did
+        not land to send again."""
         for value, entries in chunks:
-            self._sending(self._seq, entries)
-            await self._write(value)
+            self._landed(partition, await self._write(value, partition), entries)
             self._seq += 1
             self.reports_sent += 1
             self.entries_sent += len(entries)
-            self.bytes_sent += self._producer.last_batch_bytes if self._producer is not None else 0
+            producer = self._producers.get(partition)
+            self.bytes_sent += producer.last_batch_bytes if producer is not None else 0
             for e in entries:
                 self._carry.pop((e.kind, e.user, e.client_id), None)
 
-    def _sending(self, seq: int, entries: tuple[UsageEntry, ...]) -> None:
-        """The record of sequence number ``seq`` is about to be written (again, if the last try failed)."""
+    def _landed(self, partition: int, offset: int, entries: tuple[UsageEntry, ...]) -> None:
+        """A record carrying ``entries`` landed at ``offset`` of ``partition``."""
 
-    async def _write(self, value: bytes) -> None:
+    async def _write(self, value: bytes, partition: int) -> int:
+        """Writes one record to ``partition``; its offset."""
         await self._ensure_topic()
-        if self._producer is None:
+        self._writing = partition
+        producer = self._producers.get(partition)
+        if producer is None:
             # gzip: a report's entity names and counts compress to about 40 % (zlib is always there).
-            self._producer = PartitionProducer(self.config.topic, self._cluster.dialer, self._timeout_s,
-                                               self._partition_leader, lambda metadata: None, self.partition,
-                                               compression_type=_GZIP)
-        key = self.instance_id.encode()
-        await self._producer.send([(key, value)])
+            producer = self._producers[partition] = PartitionProducer(
+                self.config.topic, self._cluster.dialer, self._timeout_s, partial(self._partition_leader, partition),
+                lambda metadata: None, partition, compression_type=_GZIP)
+        return await producer.send([(self.instance_id.encode(), value)])
 
     # -- reading --------------------------------------------------------------------------
 
@@ -286,10 +295,11 @@ class FleetExchange:
                 summed[1] += 1
         return len(entries)
 
-    def _decoded(self, value: bytes | None, now: int,
-                 own: bool = False) -> tuple[UsageReport, list[tuple[EntityKey, float]]] | None:
+    def _decoded(self, value: bytes | None, now: int, own: bool = False,
+                 counts: bool = True) -> tuple[UsageReport, list[tuple[EntityKey, float]]] | None:
         """The report in one record and its entries, when its usage counts here (news, within
-        the read budget, decoded); ``own``: this incarnation's own reports count too."""
+        the read budget, decoded); ``own``: this incarnation's own reports count too;
+        ``counts``: False leaves out whether it is news (the caller knows) and who sent it."""
         try:
             head, count, _ = read = report_head(value or b"")
             mine = head.instance_id == self.instance_id and head.incarnation == self.incarnation
@@ -309,7 +319,7 @@ class FleetExchange:
         except BadReport as exc:
             self._ignore(exc)
             return None
-        if not mine and not self._counts(head, now):
+        if counts and not mine and not self._counts(head, now):
             return None
         return head, entries
 
@@ -403,10 +413,10 @@ class FleetExchange:
             self._created_topics.discard(reader.topic)
         return metadata
 
-    async def _partition_leader(self) -> tuple[str, int]:
-        leader = leaders(await self._metadata(), self.config.topic).get(self.partition)
+    async def _partition_leader(self, partition: int) -> tuple[str, int]:
+        leader = leaders(await self._metadata(), self.config.topic).get(partition)
         if leader is None:
-            raise StoreError(f"no leader known for {self.config.topic}-{self.partition}")
+            raise StoreError(f"no leader known for {self.config.topic}-{partition}")
         return leader
 
     async def _ensure_topic(self) -> None:

@@ -1,24 +1,28 @@
-"""``fleet.aggregation: owners``: the fleet's usage summed by partition owners (the pure part and
-the scheme: quotas.fleet_totals), so that what a member reads grows with the partitions of the
-usage topic, not with the members.
+"""``fleet.aggregation: owners``: the fleet's usage summed by partition owners (the scheme and its
+pure part: quotas.fleet_totals), so that what a member reads grows with the entities the fleet
+reports, not with the members times them.
 
-- **Publish.** As with the flat exchange (proxy.control.fleet), every member writes a report to
-  its own partition of ``fleet.topic`` every sync interval, a heartbeat when it charged nothing
-  worth reporting. It remembers what it reported under each sequence number (OwnReports).
-- **Own.** Each partition is owned by one member (rendezvous hashing over the members this one
-  knows, OwnersView). An owner reads its partitions of the usage topic from where the last
-  totals of each ended (or, none known, from the oldest record inside the quota window), sums
-  the reports per entity, and every sync interval writes one totals record per partition it
-  read something of to the totals topic, ``<fleet.topic>-totals`` (one partition).
+- **Publish.** Every sync interval, every member writes what it charged each entity worth
+  reporting (as with the flat exchange, proxy.control.fleet) to the partition of ``fleet.topic``
+  that entity hashes to, a record per partition it has entries for. It remembers what it wrote
+  at which offset of which partition (OwnReports). Every few intervals it writes a heartbeat
+  to the totals topic, ``<fleet.topic>-totals`` (one partition), which every member reads: so
+  every member knows the same members.
+- **Own.** Each partition of the usage topic is owned by one member (rendezvous hashing over
+  the live members, Ownership). An owner reads its partitions from where the last totals of
+  each ended (none known: from the oldest record inside the quota window), sums the reports
+  per entity, and every sync interval writes one totals record per partition it owns to the
+  totals topic.
 - **Read.** Every member follows the totals topic (from the oldest record inside the quota
-  window at start: ``/readyz`` waits for it), applies each partition's totals from that
+  window at start: ``/readyz`` waits for it) and applies each partition's totals from that
   partition's owner, each range of usage-topic offsets once (TotalsRanges), less its own part
   (its usage is in its samples already): the others' usage, into the same samples as the flat
   exchange's.
-- **Failure.** An owner that stops publishing is dropped after ``member_timeout_ms``; the
+- **Failure.** An owner whose heartbeats stop is dropped after ``member_timeout_ms``; the
   members that own its partitions then (rendezvous: only those move) go on from the last range
-  it published, so its partitions' usage is late, not lost. Meanwhile the burst pacing
-  (QuotaManager.paced_ms) holds each member to its part of what the window allows.
+  it published, so their usage is late, not lost. Meanwhile the burst pacing
+  (QuotaManager.paced_ms, two reports in flight) holds each member to its part of what the
+  window allows.
 """
 
 from __future__ import annotations
@@ -35,8 +39,17 @@ from proxy.cluster.brokers import Cluster
 from proxy.control.fleet import APPLY_SLICE_ENTRIES, FleetExchange
 from proxy.control.fleet_reader import FAILURES, TopicReader, leaders
 from proxy.control.quota_topic_producer import PartitionProducer, StoreError
-from quotas.fleet import BadReport, EntityKey, UsageEntry
-from quotas.fleet_totals import OwnersView, OwnReports, PartitionSums, TotalsRanges, encode_totals, totals_head
+from quotas.fleet import MAGIC as REPORT_MAGIC
+from quotas.fleet import BadReport, EntityKey, FleetMembers, UsageEntry, UsageReport, encode_chunks, encode_report
+from quotas.fleet_totals import (
+    Ownership,
+    OwnReports,
+    PartitionSums,
+    TotalsRanges,
+    encode_totals,
+    entity_partition,
+    totals_head,
+)
 from quotas.manager import QuotaManager
 from quotas.producer_ids import ProducerIdQuotaManager
 
@@ -51,6 +64,11 @@ def totals_topic(usage_topic: str) -> str:
     return usage_topic + TOTALS_SUFFIX
 
 
+def heartbeat_ms(config: FleetConfig) -> int:
+    """How often a member says it is there: four times a member timeout, at most every interval."""
+    return max(config.sync_interval_ms, config.member_timeout_ms // 4)
+
+
 class OwnersExchange(FleetExchange):
     """See the module docstring; the same interface as FleetExchange."""
 
@@ -60,15 +78,19 @@ class OwnersExchange(FleetExchange):
                  window_ms: int, clock: Callable[[], int], producer_ids: ProducerIdQuotaManager | None = None) -> None:
         super().__init__(config, cluster, manager, timeout_s, window_ms, clock, producer_ids)
         wait_ms = max(config.sync_interval_ms // 2, 10)
-        self.view = OwnersView(self.instance_id or "?", config.partitions, config.member_timeout_ms)
+        self.ownership = Ownership(self.instance_id, config.partitions)
         self._ranges = TotalsRanges()
-        # Totals come back within a few intervals; ten member timeouts of reports is plenty.
+        # Totals come back within a few intervals; ten member timeouts of records a partition is plenty.
         self._own = OwnReports(max(64, 10 * config.member_timeout_ms // config.sync_interval_ms))
         self._sums: dict[int, PartitionSums] = {}
+        # Who wrote to each partition owned here, and their latest sequence number there: a record
+        # read twice is not summed twice.
+        self._senders: dict[int, FleetMembers] = {}
         self._unsent: list[bytes] = []
         self._totals_producer: PartitionProducer | None = None
+        self._totals_lock = asyncio.Lock()
         self.totals_sent = self.totals_dropped = 0
-        self._live: set[str] = set()  # the members last seen live (for the log)
+        self._applied_from: dict[str, int] = {}  # owner -> when its last totals were applied
         # The usage topic: only the partitions this member owns, each from where its totals end.
         self._reader = TopicReader(config.topic, cluster, timeout_s, wait_ms, window_ms, self._apply_owned,
                                    self._owned_fetched, self._read_failed, self._ensure_topic, self._owned,
@@ -78,34 +100,62 @@ class OwnersExchange(FleetExchange):
 
     def start(self, instance_id: str) -> None:
         super().start(instance_id)
-        self.view.me = self.instance_id
-        self._live = {self.instance_id}
+        self.ownership.me = self.instance_id
         loop = asyncio.get_running_loop()
-        self._tasks += [loop.create_task(self._totals.run()), loop.create_task(self._publish_totals())]
+        self._tasks += [loop.create_task(self._totals.run()), loop.create_task(self._publish_totals()),
+                        loop.create_task(self._heartbeats())]
 
     async def stop(self) -> None:
         await super().stop()
         if self._totals_producer is not None:
             self._totals_producer.close()
 
-    def size(self) -> int:
-        return len(self.view.live(self._clock()))
-
-    def member_ages(self) -> list[tuple[str, int]]:
-        return self.view.seen()
-
     @property
     def bytes_read(self) -> int:
         return self._reader.bytes_read + self._totals.bytes_read
 
+    def member_ages(self) -> list[tuple[str, int]]:
+        """(owner, this instance's clock when its last totals were applied) for every partition
+        owner now, this one included: how fresh the fleet's usage read here is (``kqp_fleet_sync_lag_seconds``)."""
+        owners = set(self.ownership.owners([self.instance_id, *(m for m, _ in self.members.live())]))
+        return sorted((owner, at) for owner, at in self._applied_from.items() if owner in owners)
+
     def owned(self) -> list[int]:
         """The partitions this member owns now (none until the totals inside the window are read)."""
-        return self.view.owned(self._clock()) if self.loaded.is_set() else []
+        if not self.loaded.is_set():
+            return []
+        return self.ownership.owned([self.instance_id, *(member for member, _ in self.members.live())])
 
     # -- publishing -----------------------------------------------------------------------
 
-    def _sending(self, seq: int, entries: tuple[UsageEntry, ...]) -> None:
-        self._own.note(seq, entries)
+    async def _send_report(self, report: UsageReport) -> None:
+        """The report's entries each to its entity's partition: sequence numbers go on across them."""
+        by_partition: dict[int, list[UsageEntry]] = {}
+        partitions = self.config.partitions
+        for e in report.entries:
+            by_partition.setdefault(entity_partition((e.kind, e.user, e.client_id), partitions), []).append(e)
+        for partition, entries in by_partition.items():
+            part = UsageReport(report.instance_id, report.incarnation, self._seq, report.sent_at_ms,
+                               report.interval_ms, tuple(entries))
+            await self._send(encode_chunks(part), partition)
+
+    def _landed(self, partition: int, offset: int, entries: tuple[UsageEntry, ...]) -> None:
+        self._own.note(partition, offset, entries)
+
+    async def _heartbeats(self) -> None:
+        period_s = heartbeat_ms(self.config) / 1000
+        while True:
+            try:
+                async with asyncio.timeout(max(self._timeout_s, period_s)):
+                    await self._write_totals(encode_report(UsageReport(
+                        self.instance_id, self.incarnation, self._seq, int(time.time() * 1000),
+                        self.config.sync_interval_ms))[0])
+                self._seq += 1
+            except FAILURES as exc:
+                self._failed("write", exc)
+                if self._totals_producer is not None:
+                    self._totals_producer.failed(exc)
+            await asyncio.sleep(period_s)
 
     async def _publish_totals(self) -> None:
         interval_s = self.config.sync_interval_ms / 1000
@@ -114,13 +164,9 @@ class OwnersExchange(FleetExchange):
             sent_at_ms = int(time.time() * 1000)
             for partition in self.owned():
                 sums = self._sums.get(partition)
-                # A report sent 3/4 of a member timeout ago or earlier is a failed member's, read
-                # late (clocks within a second or so of each other, as for the history at start).
-                # Every interval, read or not: an owner's totals also say it is there.
-                if sums is not None:
-                    self._unsent += encode_totals(sums.take(
-                        self.instance_id, self.incarnation, sent_at_ms, self.config.sync_interval_ms,
-                        self.config.member_timeout_ms * 3 // 4))
+                if sums is not None:  # every interval, read or not: its owner is at work
+                    self._unsent += encode_totals(sums.take(self.instance_id, self.incarnation, sent_at_ms,
+                                                            self.config.sync_interval_ms))
             if len(self._unsent) > _MAX_UNSENT_TOTALS:  # the totals topic out of reach for long
                 self.totals_dropped += len(self._unsent) - _MAX_UNSENT_TOTALS
                 del self._unsent[:-_MAX_UNSENT_TOTALS]
@@ -136,13 +182,15 @@ class OwnersExchange(FleetExchange):
                     self._totals_producer.failed(exc)
 
     async def _write_totals(self, value: bytes) -> None:
-        await self._ensure_totals_topic()
-        if self._totals_producer is None:
-            self._totals_producer = PartitionProducer(self._totals.topic, self._cluster.dialer, self._timeout_s,
-                                                      self._totals_leader, lambda metadata: None, 0,
-                                                      compression_type=_GZIP)
-        await self._totals_producer.send([(self.instance_id.encode(), value)])
-        self.bytes_sent += self._totals_producer.last_batch_bytes
+        # Heartbeats and totals share the producer: one batch at a time (its sequence numbers).
+        async with self._totals_lock:
+            await self._ensure_totals_topic()
+            if self._totals_producer is None:
+                self._totals_producer = PartitionProducer(self._totals.topic, self._cluster.dialer, self._timeout_s,
+                                                          self._totals_leader, lambda metadata: None, 0,
+                                                          compression_type=_GZIP)
+            await self._totals_producer.send([(self.instance_id.encode(), value)])
+            self.bytes_sent += self._totals_producer.last_batch_bytes
 
     async def _totals_leader(self) -> tuple[str, int]:
         leader = leaders(await self._metadata(self._totals), self._totals.topic).get(0)
@@ -159,22 +207,13 @@ class OwnersExchange(FleetExchange):
         owned = self.owned()
         for partition in set(self._sums) - set(owned):
             del self._sums[partition]  # another member sums it now, from where its totals end
+            self._senders.pop(partition, None)
         return owned
 
     def _owned_fetched(self, caught_up: bool) -> None:
-        self.members.expire(self._clock())
-
-    def _expire_members(self) -> None:
-        """Notes who joined and left (as this member sees the totals), and paces by them."""
         now = self._clock()
-        self.members.expire(now)  # the senders of the partitions owned here: read twice is not news
-        live = set(self.view.live(now))
-        for member in sorted(live - self._live):
-            log.info("fleet: member %s joined (%d members)", member, len(live))
-        for member in sorted(self._live - live):
-            log.info("fleet: member %s left (silent for %d ms)", member, self.config.member_timeout_ms)
-        self._live = live
-        self._pace()
+        for senders in self._senders.values():
+            senders.expire(now)
 
     async def _apply_owned(self, data: bytes, offsets: dict[int, int], partition: int) -> None:
         """Sums the reports in ``data`` from ``offsets[partition]`` on into the partition's next
@@ -183,6 +222,7 @@ class OwnersExchange(FleetExchange):
         sums = self._sums.get(partition)
         if sums is None:
             sums = self._sums[partition] = PartitionSums(partition, offset)
+        senders = self._senders.setdefault(partition, FleetMembers(self.config.member_timeout_ms))
         records = MemoryRecords(data)
         now = self._clock()
         read = 0
@@ -191,9 +231,9 @@ class OwnersExchange(FleetExchange):
                 if record.offset < offset:
                     continue
                 offset = record.offset + 1
-                decoded = self._decoded(record.value, now, own=True)
-                if decoded is not None:
-                    sums.add(decoded[0], decoded[1], offset)
+                decoded = self._decoded(record.value, now, own=True, counts=False)
+                if decoded is not None and senders.admit(decoded[0], now):
+                    sums.add(decoded[1], offset)
                     read += len(decoded[1])
                 if read >= APPLY_SLICE_ENTRIES:
                     sums.moved_to(offset)
@@ -205,11 +245,11 @@ class OwnersExchange(FleetExchange):
         sums.moved_to(offset)
         offsets[partition] = self._reader.next_offsets[partition] = offset
 
-    # -- reading the totals ---------------------------------------------------------------
+    # -- reading the totals topic: heartbeats and totals ----------------------------------
 
     async def _apply_totals(self, data: bytes, offsets: dict[int, int], partition: int) -> None:
-        """Applies the totals in ``data`` from ``offsets[partition]`` on, a slice at a time as
-        the flat exchange applies reports."""
+        """Applies the heartbeats and totals in ``data`` from ``offsets[partition]`` on, a slice
+        at a time as the flat exchange applies reports."""
         records = MemoryRecords(data)
         offset = offsets[partition]
         now = self._clock()
@@ -220,7 +260,11 @@ class OwnersExchange(FleetExchange):
                 if record.offset < offset:
                     continue
                 offset = record.offset + 1
-                read += self._read_totals(record.value or b"", now, sums)
+                value = record.value or b""
+                if value[:4] == REPORT_MAGIC:
+                    self._decoded(value, now)  # a heartbeat: who is in the fleet
+                else:
+                    read += self._read_totals(value, now, sums)
                 if read >= APPLY_SLICE_ENTRIES:
                     self._add(sums, now)
                     offsets[partition] = self._totals.next_offsets[partition] = offset
@@ -236,10 +280,17 @@ class OwnersExchange(FleetExchange):
         try:
             head = totals_head(value)
             totals = head.totals
-            why = self.view.read(totals, now)
-            if why is not None or not self._ranges.accept(totals):
-                self.ignored[why or "duplicate"] += 1
+            owners = self.ownership.owners([self.instance_id, *(member for member, _ in self.members.live())])
+            # Only from the partition's owner here: a made-up owner, or one whose partition moved, changes nothing.
+            if totals.partition >= len(owners) or owners[totals.partition] != totals.owner_id:
+                self.ignored["not_owner"] += 1
                 return 0
+            if not self._ranges.accept(totals):
+                self.ignored["duplicate"] += 1
+                return 0
+            if len(self._applied_from) > 2 * self.members.max_members:  # owners long gone
+                self._applied_from.clear()
+            self._applied_from[totals.owner_id] = now
             count = head.read.announced
             if count and not self._budget.take(count, now, self.loaded.is_set()):
                 self.ignored["over_budget"] += 1
@@ -253,10 +304,7 @@ class OwnersExchange(FleetExchange):
         except BadReport as exc:
             self._ignore(exc)
             return 0
-        mine: dict[EntityKey, float] = {}
-        for m in totals.members:
-            if m.instance_id == self.instance_id and m.incarnation == self.incarnation:
-                mine = self._own.part(m.first_seq, m.last_seq)
+        mine = self._own.part(totals.partition, totals.from_offset, totals.next_offset)
         for key, amount in entries:
             amount -= mine.get(key, 0.0)
             if amount > 0:

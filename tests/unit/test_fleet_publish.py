@@ -29,7 +29,8 @@ def test_each_record_goes_alone_and_only_what_did_not_land_is_carried():
     fleet._carry = carried(2000)
     written: list[bytes] = []
 
-    async def write(value: bytes) -> None:
+    async def write(value: bytes, partition: int) -> None:
+        assert partition == fleet.partition
         if len(written) == 2:
             raise OSError("MESSAGE_TOO_LARGE")
         written.append(value)
@@ -40,7 +41,7 @@ def test_each_record_goes_alone_and_only_what_did_not_land_is_carried():
     chunks = encode_chunks(report, max_bytes=4096)
     assert len(chunks) > 3
     with pytest.raises(OSError):
-        asyncio.run(fleet._send(chunks))
+        asyncio.run(fleet._send(chunks, fleet.partition))
     sent = [e for v in written for e in decode_report(v).entries]
     assert fleet._seq == 2 and fleet.reports_sent == 2
     # What landed is not told twice; the rest is, under the next sequence numbers.
