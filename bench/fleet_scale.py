@@ -220,19 +220,16 @@ def owned_totals(point: Point, load: Load, partitions: int,
     """For each partition a simulated member owns (rendezvous over them and the real member):
     (its owner, the entities' sums an interval)."""
     everyone = [*ids, REAL_MEMBER]
-    out = {}
-    for partition in range(partitions):
-        owner = owner_of(partition, everyone)
-        if owner is None or owner == REAL_MEMBER:
-            continue
-        sums: dict[tuple[str, str | None, str | None], float] = {}
-        for m in range(len(ids)):
-            for e in member_entries(point, load, m):
-                key = (e.kind, e.user, e.client_id)
-                if entity_partition(key, partitions) == partition:
-                    sums[key] = sums.get(key, 0.0) + e.amount
-        out[partition] = (owner, tuple(UsageEntry(k, u, c, a) for (k, u, c), a in sums.items()))
-    return out
+    owners = {p: owner for p in range(partitions) if (owner := owner_of(p, everyone)) not in (None, REAL_MEMBER)}
+    sums: dict[int, dict[tuple[str, str | None, str | None], float]] = {p: {} for p in owners}
+    for m in range(len(ids)):
+        for e in member_entries(point, load, m):
+            key = (e.kind, e.user, e.client_id)
+            part = sums.get(entity_partition(key, partitions))
+            if part is not None:
+                part[key] = part.get(key, 0.0) + e.amount
+    return {p: (owner, tuple(UsageEntry(k, u, c, a) for (k, u, c), a in sums[p].items()))
+            for p, owner in owners.items()}
 
 
 def scrape(address: tuple[str, int], timeout_s: float = 5.0) -> tuple[dict[str, float], float]:

@@ -58,6 +58,7 @@ log = logging.getLogger(__name__)
 _GZIP = 1  # Kafka's compression codec id
 TOTALS_SUFFIX = "-totals"
 _MAX_UNSENT_TOTALS = 64  # totals kept for the next interval while the totals topic cannot be written
+_BATCH_BYTES = 512 << 10
 
 
 def totals_topic(usage_topic: str) -> str:
@@ -149,7 +150,7 @@ class OwnersExchange(FleetExchange):
                 async with asyncio.timeout(max(self._timeout_s, period_s)):
                     await self._write_totals(encode_report(UsageReport(
                         self.instance_id, self.incarnation, self._seq, int(time.time() * 1000),
-                        self.config.sync_interval_ms))[0])
+                        self.config.sync_interval_ms)))
                 self._seq += 1
             except FAILURES as exc:
                 self._failed("write", exc)
@@ -173,15 +174,21 @@ class OwnersExchange(FleetExchange):
             try:
                 async with asyncio.timeout(max(self._timeout_s, interval_s)):
                     while self._unsent:
-                        await self._write_totals(self._unsent[0])
-                        self._unsent.pop(0)
-                        self.totals_sent += 1
+                        # An interval's totals in one batch (within half of Kafka's default
+                        # max.message.bytes): one round trip, however many partitions owned.
+                        n, size = 1, len(self._unsent[0])
+                        while n < len(self._unsent) and size + len(self._unsent[n]) <= _BATCH_BYTES:
+                            size += len(self._unsent[n])
+                            n += 1
+                        await self._write_totals(self._unsent[:n])
+                        del self._unsent[:n]
+                        self.totals_sent += n
             except FAILURES as exc:
                 self._failed("write", exc)
                 if self._totals_producer is not None:
                     self._totals_producer.failed(exc)
 
-    async def _write_totals(self, value: bytes) -> None:
+    async def _write_totals(self, values: list[bytes]) -> None:
         # Heartbeats and totals share the producer: one batch at a time (its sequence numbers).
         async with self._totals_lock:
             await self._ensure_totals_topic()
@@ -189,7 +196,8 @@ class OwnersExchange(FleetExchange):
                 self._totals_producer = PartitionProducer(self._totals.topic, self._cluster.dialer, self._timeout_s,
                                                           self._totals_leader, lambda metadata: None, 0,
                                                           compression_type=_GZIP)
-            await self._totals_producer.send([(self.instance_id.encode(), value)])
+            key = self.instance_id.encode()
+            await self._totals_producer.send([(key, value) for value in values])
             self.bytes_sent += self._totals_producer.last_batch_bytes
 
     async def _totals_leader(self) -> tuple[str, int]:
