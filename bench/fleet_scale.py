@@ -12,6 +12,12 @@ entity the fleet shares), so ``--report-threshold 0`` measures the exchange that
 entity. No client sends anything through the real member, so what it spends is what sharing
 costs it.
 
+With ``--aggregation owners`` (proxy.control.fleet_owners) the simulated members write each
+entity's usage to the partition it hashes to, a heartbeat each to the totals topic, and the
+totals of the partitions they own (worked out from what they write, rendezvous over them and
+the real member, as a member does); the real member is given an instance id that owns at least
+one partition (``owned``), so what it spends is an owner's: the members that cost the most.
+
 Per grid point (members × active entities), after a quota window of reports, over ``--seconds``
 with nothing else asked of it: the real member's CPU (% of one core, every thread), the
 usage-topic bytes it wrote and read a second and the other members' entries it applied (and
@@ -24,6 +30,7 @@ lateness is reported too: a point where it could not keep up measures less than 
 
     python -m bench.fleet_scale                          # 4x2000,8x5000 (members x entities)
     python -m bench.fleet_scale --grid 3x1000,32x10000,128x10000 --seconds 20 --json out.json
+    python -m bench.fleet_scale --aggregation owners --partitions 32 --grid 32x10000,128x10000
 """
 
 from __future__ import annotations
@@ -53,7 +60,7 @@ from quotas.fleet import UsageEntry, UsageReport, encode_report, worth_reporting
 from quotas.fleet_totals import Totals, encode_totals, entity_partition, owner_of
 
 TOPIC = "__kqp_quota_usage"
-REAL_MEMBER = "real-member"  # the real proxy's fleet.instance_id
+REAL_MEMBER = "real-member"  # the real proxy's fleet.instance_id (with owners: real_member_id)
 SYNC_INTERVAL_MS = 250
 BOUND = 10_000_000  # every client id's producer_byte_rate, bytes a second
 HOT_TOTAL = 0.9  # of the bound: what the whole fleet charges a hot entity
@@ -95,7 +102,21 @@ class Load:
         return max(1, round(point.entities * self.hot))
 
 
-def proxy_yaml(partitions: int, load: Load) -> str:
+def sim_ids(point: Point) -> list[str]:
+    return [f"sim-member-{m}" for m in range(point.members)]
+
+
+def real_member_id(point: Point, load: Load, partitions: int) -> str:
+    """The real member's instance id: with owners, one that owns a partition among the simulated
+    members (the figures measured are then an owner's, the members that cost the most)."""
+    if load.aggregation != "owners":
+        return REAL_MEMBER
+    ids = sim_ids(point)
+    return next(name for k in range(100_000) for name in [f"{REAL_MEMBER}-{k}"]
+                if any(owner_of(p, [*ids, name]) == name for p in range(partitions)))
+
+
+def proxy_yaml(partitions: int, load: Load, instance_id: str = REAL_MEMBER) -> str:
     """Every client id under a bound of BOUND bytes a second: the real member keeps a state for
     every entity reported and applies every entry it reads."""
     return ("quotas:\n"
@@ -107,7 +128,7 @@ def proxy_yaml(partitions: int, load: Load) -> str:
             f"  sync_interval_ms: {SYNC_INTERVAL_MS}\n"
             f"  report_threshold: {load.report_threshold}\n"
             f"  aggregation: {load.aggregation}\n"
-            f"  instance_id: {REAL_MEMBER}\n")
+            f"  instance_id: {instance_id}\n")
 
 
 def member_entries(point: Point, load: Load, member: int) -> tuple[UsageEntry, ...]:
@@ -140,7 +161,7 @@ def simulate(address: tuple[str, int], point: Point, load: Load, partitions: int
     producer = Producer({"bootstrap.servers": f"{address[0]}:{address[1]}", "compression.type": "gzip",
                          "linger.ms": 5, "acks": 1, "message.max.bytes": 10 << 20})
     owners = load.aggregation == "owners"
-    ids = [f"sim-member-{m}" for m in range(point.members)]
+    ids = sim_ids(point)
     records: list[tuple[bytes, int, list[bytearray]]] = []  # (key, partition, chunks), per member in order
     per_member = 0  # records a member writes an interval
     reported = 0
@@ -160,7 +181,7 @@ def simulate(address: tuple[str, int], point: Point, load: Load, partitions: int
             n += len(chunks)
         per_member = max(per_member, n)
     # With owners: the partitions simulated members own, and what their totals carry an interval.
-    sim_totals = owned_totals(point, load, partitions, ids) if owners else {}
+    sim_totals = owned_totals(point, load, partitions, ids, real_member_id(point, load, partitions)) if owners else {}
     next_offset = [0] * partitions
 
     def delivered(err: Any, msg: Any) -> None:
@@ -215,12 +236,12 @@ def simulate(address: tuple[str, int], point: Point, load: Load, partitions: int
                         "bytes_written": written, "entries_per_report": reported}))
 
 
-def owned_totals(point: Point, load: Load, partitions: int,
-                 ids: list[str]) -> dict[int, tuple[str, tuple[UsageEntry, ...]]]:
+def owned_totals(point: Point, load: Load, partitions: int, ids: list[str],
+                 real: str) -> dict[int, tuple[str, tuple[UsageEntry, ...]]]:
     """For each partition a simulated member owns (rendezvous over them and the real member):
     (its owner, the entities' sums an interval)."""
-    everyone = [*ids, REAL_MEMBER]
-    owners = {p: owner for p in range(partitions) if (owner := owner_of(p, everyone)) not in (None, REAL_MEMBER)}
+    everyone = [*ids, real]
+    owners = {p: owner for p in range(partitions) if (owner := owner_of(p, everyone)) not in (None, real)}
     sums: dict[int, dict[tuple[str, str | None, str | None], float]] = {p: {} for p in owners}
     for m in range(len(ids)):
         for e in member_entries(point, load, m):
@@ -280,7 +301,8 @@ def measure(point: Point, load: Load, workdir: Path, seconds: float, partitions:
         clients.create_topic(broker.address, TOPIC, partitions)
         if load.aggregation == "owners":
             clients.create_topic(broker.address, TOPIC + TOTALS_SUFFIX, 1)
-        member = launcher.our_proxy(broker.address, name="fleet-member", extra_yaml=proxy_yaml(partitions, load))
+        member = launcher.our_proxy(broker.address, name="fleet-member",
+                                    extra_yaml=proxy_yaml(partitions, load, real_member_id(point, load, partitions)))
         metrics = tuple(member.extra["metrics"])
         sim = ctx.Process(target=simulate, args=(broker.address, point, load, partitions, stop, there), daemon=True)
         sim.start()
@@ -322,6 +344,7 @@ def measure(point: Point, load: Load, workdir: Path, seconds: float, partitions:
         return {
             "members": point.members + 1, "entities": point.entities,
             "members_heard": int(after.get("kqp_fleet_members", 0)),
+            "partitions_owned": int(after.get("kqp_fleet_partitions_owned", 0)),
             "cpu_pct": 100 * cpu_s / elapsed,
             "written_bytes_per_s": rate("kqp_fleet_sync_bytes_total{direction=written}"),
             "read_bytes_per_s": rate("kqp_fleet_sync_bytes_total{direction=read}"),
@@ -367,11 +390,13 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['remote_entries_per_s']:,.0f} remote entries/s, lag {row['sync_lag_max_s']:.2f} s, "
               f"/metrics {row['metrics_answer_max_ms']:.0f} ms; simulator late in {sim.get('late_intervals', '?')} "
               f"of {sim.get('intervals', '?')} intervals", file=sys.stderr, flush=True)
-    print(f"{'members':>8} {'entities':>9} {'reported':>9} {'CPU %':>7} {'read kB/s':>10} {'written kB/s':>13} "
-          f"{'entries/s':>10} {'dropped/s':>10} {'lag s':>6} {'/metrics ms':>12} {'hot accuracy':>13}")
+    print(f"{'members':>8} {'entities':>9} {'reported':>9} {'owned':>6} {'CPU %':>7} {'read kB/s':>10} "
+          f"{'written kB/s':>13} {'entries/s':>10} {'dropped/s':>10} {'lag s':>6} {'/metrics ms':>12} "
+          f"{'hot accuracy':>13}")
     for r in rows:
         acc = r["hot_accuracy"]
         print(f"{r['members']:>8} {r['entities']:>9,} {r['simulator'].get('entries_per_report', 0):>9,} "
+              f"{r['partitions_owned']:>6} "
               f"{r['cpu_pct']:>7.1f} {r['read_bytes_per_s'] / 1e3:>10,.1f} {r['written_bytes_per_s'] / 1e3:>13,.1f} "
               f"{r['remote_entries_per_s']:>10,.0f} {r['dropped_entries_per_s']:>10,.0f} {r['sync_lag_max_s']:>6.2f} "
               f"{r['metrics_answer_max_ms']:>12.0f} {f'{acc[0]:.2f}-{acc[1]:.2f}' if acc else '-':>13}")

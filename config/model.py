@@ -258,7 +258,7 @@ class FleetConfig:
 
     enabled: bool = False
     topic: str = "__kqp_quota_usage"
-    partitions: int = 1  # each instance writes one (by its id), reads them all
+    partitions: int = 1  # flat: each instance writes one (by its id), reads them all; owners: the shards
     retention_ms: int = 600_000  # the topic's retention.ms when the proxy creates it
     sync_interval_ms: int = 250  # how often each instance publishes its usage (and a heartbeat)
     member_timeout_ms: int = 5_000  # silent this long: a member has left; the topic out of reach: fallback

@@ -43,11 +43,9 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from kafka.record import MemoryRecords
-
 from config.model import FleetConfig
 from proxy.cluster.brokers import Cluster
-from proxy.control.fleet_reader import FAILURES, TopicReader, leaders, missing
+from proxy.control.fleet_reader import FAILURES, RecordsFrom, TopicReader, leaders, missing
 from proxy.control.quota_topic_producer import PartitionProducer, StoreError
 from proxy.control.topic_admin import create_topic
 from quotas.common import PRODUCER_IDS_RATE
@@ -74,6 +72,24 @@ APPLY_SLICE_ENTRIES = 500  # the other members' entries applied between two turn
 
 def _monotonic_ms() -> int:
     return time.monotonic_ns() // 1_000_000
+
+
+def sum_into(sums: dict[EntityKey, list[float]], entries: list[tuple[EntityKey, float]],
+             less: dict[EntityKey, float] | None = None) -> int:
+    """Adds ``entries`` to ``sums`` (entity -> [amount, entries]), each less its amount in ``less``
+    (what is left, if anything); how many entries were read."""
+    for key, amount in entries:
+        if less:
+            amount -= less.get(key, 0.0)
+            if amount <= 0:
+                continue
+        summed = sums.get(key)
+        if summed is None:
+            sums[key] = [amount, 1]
+        else:
+            summed[0] += amount
+            summed[1] += 1
+    return len(entries)
 
 
 class FleetExchange:
@@ -232,26 +248,20 @@ class FleetExchange:
         slice of about APPLY_SLICE_ENTRIES entries at a time, the loop given a turn between two.
         ``offsets[partition]`` (and where a reconnect reads from) moves past a slice only once it
         is applied: a read cut short applies nothing twice and loses nothing read."""
-        records = MemoryRecords(data)
-        offset = offsets[partition]
+        records = RecordsFrom(data, offsets[partition])
         now = self._clock()
         sums: dict[EntityKey, list[float]] = {}  # entity -> [amount, entries]
         read = 0  # entries summed since the last slice was applied
-        while (batch := records.next_batch()) is not None:
-            for record in batch:
-                if record.offset < offset:
-                    continue
-                offset = record.offset + 1
-                read += self._read_value(record.value, now, sums)
-                if read >= APPLY_SLICE_ENTRIES:
-                    self._add(sums, now)
-                    offsets[partition] = self._reader.next_offsets[partition] = offset
-                    sums, read = {}, 0
-                    await asyncio.sleep(0)
-                    now = self._clock()
-            offset = max(offset, getattr(batch, "next_offset", offset))
+        for value in records:
+            read += self._read_value(value, now, sums)
+            if read >= APPLY_SLICE_ENTRIES:
+                self._add(sums, now)
+                offsets[partition] = self._reader.next_offsets[partition] = records.end
+                sums, read = {}, 0
+                await asyncio.sleep(0)
+                now = self._clock()
         self._add(sums, now)
-        offsets[partition] = self._reader.next_offsets[partition] = offset
+        offsets[partition] = self._reader.next_offsets[partition] = records.end
 
     @property
     def bytes_read(self) -> int:
@@ -285,15 +295,7 @@ class FleetExchange:
         read = self._decoded(value, now)
         if read is None:
             return 0
-        entries = read[1]
-        for key, amount in entries:
-            summed = sums.get(key)
-            if summed is None:
-                sums[key] = [amount, 1]
-            else:
-                summed[0] += amount
-                summed[1] += 1
-        return len(entries)
+        return sum_into(sums, read[1])
 
     def _decoded(self, value: bytes | None, now: int, own: bool = False,
                  counts: bool = True) -> tuple[UsageReport, list[tuple[EntityKey, float]]] | None:

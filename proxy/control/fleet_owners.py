@@ -32,12 +32,10 @@ import logging
 import time
 from collections.abc import Callable
 
-from kafka.record import MemoryRecords
-
 from config.model import FleetConfig
 from proxy.cluster.brokers import Cluster
-from proxy.control.fleet import APPLY_SLICE_ENTRIES, FleetExchange
-from proxy.control.fleet_reader import FAILURES, TopicReader, leaders
+from proxy.control.fleet import APPLY_SLICE_ENTRIES, FleetExchange, sum_into
+from proxy.control.fleet_reader import FAILURES, RecordsFrom, TopicReader, leaders
 from proxy.control.quota_topic_producer import PartitionProducer, StoreError
 from quotas.fleet import MAGIC as REPORT_MAGIC
 from quotas.fleet import BadReport, EntityKey, FleetMembers, UsageEntry, UsageReport, encode_chunks, encode_report
@@ -226,62 +224,49 @@ class OwnersExchange(FleetExchange):
     async def _apply_owned(self, data: bytes, offsets: dict[int, int], partition: int) -> None:
         """Sums the reports in ``data`` from ``offsets[partition]`` on into the partition's next
         totals (this member's own reports too: every reader takes its own part out)."""
-        offset = offsets[partition]
+        records = RecordsFrom(data, offsets[partition])
         sums = self._sums.get(partition)
         if sums is None:
-            sums = self._sums[partition] = PartitionSums(partition, offset)
+            sums = self._sums[partition] = PartitionSums(partition, records.end)
         senders = self._senders.setdefault(partition, FleetMembers(self.config.member_timeout_ms))
-        records = MemoryRecords(data)
         now = self._clock()
         read = 0
-        while (batch := records.next_batch()) is not None:
-            for record in batch:
-                if record.offset < offset:
-                    continue
-                offset = record.offset + 1
-                decoded = self._decoded(record.value, now, own=True, counts=False)
-                if decoded is not None and senders.admit(decoded[0], now):
-                    sums.add(decoded[1], offset)
-                    read += len(decoded[1])
-                if read >= APPLY_SLICE_ENTRIES:
-                    sums.moved_to(offset)
-                    offsets[partition] = self._reader.next_offsets[partition] = offset
-                    read = 0
-                    await asyncio.sleep(0)
-                    now = self._clock()
-            offset = max(offset, getattr(batch, "next_offset", offset))
-        sums.moved_to(offset)
-        offsets[partition] = self._reader.next_offsets[partition] = offset
+        for value in records:
+            decoded = self._decoded(value, now, own=True, counts=False)
+            if decoded is not None and senders.admit(decoded[0], now):
+                sums.add(decoded[1], records.end)
+                read += len(decoded[1])
+            if read >= APPLY_SLICE_ENTRIES:
+                sums.moved_to(records.end)
+                offsets[partition] = self._reader.next_offsets[partition] = records.end
+                read = 0
+                await asyncio.sleep(0)
+                now = self._clock()
+        sums.moved_to(records.end)
+        offsets[partition] = self._reader.next_offsets[partition] = records.end
 
     # -- reading the totals topic: heartbeats and totals ----------------------------------
 
     async def _apply_totals(self, data: bytes, offsets: dict[int, int], partition: int) -> None:
         """Applies the heartbeats and totals in ``data`` from ``offsets[partition]`` on, a slice
         at a time as the flat exchange applies reports."""
-        records = MemoryRecords(data)
-        offset = offsets[partition]
+        records = RecordsFrom(data, offsets[partition])
         now = self._clock()
         sums: dict[EntityKey, list[float]] = {}
         read = 0
-        while (batch := records.next_batch()) is not None:
-            for record in batch:
-                if record.offset < offset:
-                    continue
-                offset = record.offset + 1
-                value = record.value or b""
-                if value[:4] == REPORT_MAGIC:
-                    self._decoded(value, now)  # a heartbeat: who is in the fleet
-                else:
-                    read += self._read_totals(value, now, sums)
-                if read >= APPLY_SLICE_ENTRIES:
-                    self._add(sums, now)
-                    offsets[partition] = self._totals.next_offsets[partition] = offset
-                    sums, read = {}, 0
-                    await asyncio.sleep(0)
-                    now = self._clock()
-            offset = max(offset, getattr(batch, "next_offset", offset))
+        for value in records:
+            if (value or b"")[:4] == REPORT_MAGIC:
+                self._decoded(value, now)  # a heartbeat: who is in the fleet
+            else:
+                read += self._read_totals(value or b"", now, sums)
+            if read >= APPLY_SLICE_ENTRIES:
+                self._add(sums, now)
+                offsets[partition] = self._totals.next_offsets[partition] = records.end
+                sums, read = {}, 0
+                await asyncio.sleep(0)
+                now = self._clock()
         self._add(sums, now)
-        offsets[partition] = self._totals.next_offsets[partition] = offset
+        offsets[partition] = self._totals.next_offsets[partition] = records.end
 
     def _read_totals(self, value: bytes, now: int, sums: dict[EntityKey, list[float]]) -> int:
         """Adds the others' part of one totals record to ``sums``; the entries read."""
@@ -289,8 +274,11 @@ class OwnersExchange(FleetExchange):
             head = totals_head(value)
             totals = head.totals
             owners = self.ownership.owners([self.instance_id, *(member for member, _ in self.members.live())])
-            # Only from the partition's owner here: a made-up owner, or one whose partition moved, changes nothing.
-            if totals.partition >= len(owners) or owners[totals.partition] != totals.owner_id:
+            # Only from the partition's owner here: a made-up owner, or one whose partition moved,
+            # changes nothing. The history read at start is taken from whoever owned it then
+            # (each range once): a restart does not forget the usage inside the window.
+            if totals.partition >= len(owners) or (owners[totals.partition] != totals.owner_id
+                                                   and self.loaded.is_set()):
                 self.ignored["not_owner"] += 1
                 return 0
             if not self._ranges.accept(totals):
@@ -312,14 +300,4 @@ class OwnersExchange(FleetExchange):
         except BadReport as exc:
             self._ignore(exc)
             return 0
-        mine = self._own.part(totals.partition, totals.from_offset, totals.next_offset)
-        for key, amount in entries:
-            amount -= mine.get(key, 0.0)
-            if amount > 0:
-                summed = sums.get(key)
-                if summed is None:
-                    sums[key] = [amount, 1]
-                else:
-                    summed[0] += amount
-                    summed[1] += 1
-        return len(entries)
+        return sum_into(sums, entries, self._own.part(totals.partition, totals.from_offset, totals.next_offset))

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from kafka.protocol.consumer import FetchRequest, ListOffsetsRequest
+from kafka.record import MemoryRecords
 
 from proxy.cluster.brokers import Cluster
 from proxy.cluster.dialer import OwnConnection
@@ -189,6 +190,25 @@ class TopicReader:
         if leaderless:
             raise StoreError(f"no leader known for {self.topic} partitions {leaderless}")
         return out
+
+
+class RecordsFrom:
+    """The values of the records in ``data`` (one partition's, as a Fetch returns them) from
+    ``offset`` on, in order; ``end``: the offset after the last one yielded (past a batch's end
+    once it is read whole), where a read that stops here goes on."""
+
+    def __init__(self, data: bytes, offset: int) -> None:
+        self._records = MemoryRecords(data)
+        self.end = offset
+
+    def __iter__(self) -> Iterator[bytes | None]:
+        while (batch := self._records.next_batch()) is not None:
+            for record in batch:
+                if record.offset < self.end:
+                    continue  # read before (a fetch answers from the batch's start)
+                self.end = record.offset + 1
+                yield record.value
+            self.end = max(self.end, getattr(batch, "next_offset", self.end))
 
 
 def missing(metadata: Any, topic: str) -> bool:

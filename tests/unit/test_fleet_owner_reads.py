@@ -121,3 +121,14 @@ def test_a_members_report_goes_to_its_entities_partitions():
         assert fleet._own.part(p, offset, offset + 1) == {(e.kind, e.user, e.client_id): e.amount for e in r.entries}
     assert sorted((e.client_id, e.amount) for _, r in decoded for e in r.entries) == sorted(
         (e.client_id, e.amount) for e in entries)
+
+
+def test_the_history_read_at_start_is_taken_from_whoever_owned_it_then():
+    fleet = exchange(Clock())
+    fleet.loaded.clear()  # reading the totals inside the quota window, at start
+    apply(fleet, [totals_value("gone", 0, 10, 300.0), totals_value("also-gone", 5, 12, 300.0),
+                  totals_value("gone", 10, 20, 200.0)])
+    assert remote(fleet) == 500.0 and fleet.ignored["duplicate"] == 1  # each range once
+    fleet.loaded.set()
+    apply(fleet, [totals_value("gone", 20, 30, 100.0)])  # now only its owner's (this one, alone)
+    assert remote(fleet) == 500.0 and fleet.ignored["not_owner"] == 1
