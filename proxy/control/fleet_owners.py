@@ -281,12 +281,6 @@ class OwnersExchange(FleetExchange):
                                                    and self.loaded.is_set()):
                 self.ignored["not_owner"] += 1
                 return 0
-            if not self._ranges.accept(totals):
-                self.ignored["duplicate"] += 1
-                return 0
-            if len(self._applied_from) > 2 * self.members.max_members:  # owners long gone
-                self._applied_from.clear()
-            self._applied_from[totals.owner_id] = now
             count = head.read.announced
             if count and not self._budget.take(count, now, self.loaded.is_set()):
                 self.ignored["over_budget"] += 1
@@ -300,4 +294,11 @@ class OwnersExchange(FleetExchange):
         except BadReport as exc:
             self._ignore(exc)
             return 0
+        # Accepted once read whole: a record that does not decode moves no range on.
+        if not self._ranges.accept(totals):
+            self.ignored["duplicate"] += 1
+            return 0
+        if len(self._applied_from) > 2 * self.members.max_members:  # owners long gone
+            self._applied_from.clear()
+        self._applied_from[totals.owner_id] = now
         return sum_into(sums, entries, self._own.part(totals.partition, totals.from_offset, totals.next_offset))

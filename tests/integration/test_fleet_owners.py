@@ -150,3 +150,54 @@ def test_a_killed_owner_is_taken_over_without_a_burst(broker):
     finally:
         for p in fleet:
             p.stop()
+
+
+def test_hostile_records_on_the_totals_topic_change_nothing(broker):
+    """Garbage, a cut record, a made-up owner's totals of a huge amount, totals of a partition
+    that does not exist and, under the real owner's id, a NaN and an impossible range, written
+    to the totals topic by another producer: each counted by reason, none applied, no one made a
+    member, no fallback."""
+    import math
+    import struct
+
+    from kafka import KafkaProducer
+
+    from quotas.fleet import UsageEntry
+    from quotas.fleet_totals import Totals, encode_totals
+
+    (p,) = owners_fleet(broker, ("tenant",), 1, ["owner-a"])
+    try:
+        settled([p])
+        partition = entity_partition(TENANT, PARTITIONS)
+
+        def totals(owner: str, amount: float, start: int = 0, end: int = 1, at: int = partition) -> bytes:
+            return encode_totals(Totals(owner, 1, at, start, end, int(time.time() * 1000), 250,
+                                        (UsageEntry(*TENANT, amount),)))[0]
+
+        good = totals("owner-a", 1.0)
+        records = {
+            "not_totals": b"\x00garbage\xff" * 3,
+            "truncated": good[:-3],
+            "not_owner": totals("mallory", 1e12),
+            "bad_amount": good[:-8] + struct.pack(">d", math.nan),
+            "bad_range": good[:17] + struct.pack(">qq", 10, 5) + good[33:],
+        }
+        writer = KafkaProducer(bootstrap_servers=broker.bootstrap)
+        for value in records.values():
+            writer.send("__kqp_quota_usage-totals", value)
+        writer.send("__kqp_quota_usage-totals", totals("owner-a", 1e6, at=PARTITIONS + 5))  # no such partition
+        writer.flush(10)
+        writer.close()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and p.metric_sum("kqp_fleet_records_ignored_total") < 6:
+            time.sleep(0.1)
+        for reason in ("not_totals", "truncated", "bad_amount", "bad_range"):
+            assert p.metric_sum("kqp_fleet_records_ignored_total", reason=reason) == 1, reason
+        assert p.metric_sum("kqp_fleet_records_ignored_total", reason="not_owner") == 2
+        assert p.metric_sum("kqp_fleet_remote_entries_total") == 0
+        assert p.metric_sum("kqp_fleet_members") == 1
+        assert p.metric_sum("kqp_fleet_partitions_owned") == PARTITIONS
+        assert p.metric_sum("kqp_fleet_fallback") == 0
+        assert "Traceback" not in p.log_text()
+    finally:
+        p.stop()
