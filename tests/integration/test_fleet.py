@@ -250,23 +250,25 @@ def _kafka_python_greedy(bootstrap: str, topic: str, stop: threading.Event, acke
 def _stall(cluster, stalled: bool) -> None:
     def change() -> None:
         for table in (cluster.script.produce_errors, cluster.script.fetch_errors):
-            if stalled:
-                table[(USAGE_TOPIC, 0)] = 6
-            else:
-                table.pop((USAGE_TOPIC, 0), None)
+            for topic in (USAGE_TOPIC, USAGE_TOPIC + "-totals"):  # the totals topic: aggregation owners
+                if stalled:
+                    table[(topic, 0)] = 6
+                else:
+                    table.pop((topic, 0), None)
     cluster.call(change)
 
 
-@pytest.mark.parametrize("fallback", ["share", "local"])
+@pytest.mark.parametrize(("fallback", "aggregation"), [("share", "flat"), ("local", "flat"), ("share", "owners")])
 @pytest.mark.slow
-def test_the_usage_topic_out_of_reach_falls_back_then_sharing_resumes(fallback):
+def test_the_usage_topic_out_of_reach_falls_back_then_sharing_resumes(fallback, aggregation):
     from tests.support.inproc import InProcessProxy
     from tests.support.scripted_broker import ScriptedCluster
 
     # A member timeout of 20 sync intervals: shorter makes this in-process fleet (two proxies, the
     # scripted cluster and both clients share one interpreter) flap on a busy machine, where a write
     # that reconnects after the outage was seen to take most of a second.
-    fleet = {"enabled": True, "sync_interval_ms": 100, "member_timeout_ms": 2000, "fallback": fallback}
+    fleet = {"enabled": True, "sync_interval_ms": 100, "member_timeout_ms": 2000, "fallback": fallback,
+             "aggregation": aggregation}
     with ScriptedCluster(brokers=1, topics={"data": 1}).threaded() as cluster, \
             InProcessProxy(cluster.bootstrap_servers, fleet=dict(fleet, instance_id="a"), **FAST) as a, \
             InProcessProxy(cluster.bootstrap_servers, fleet=dict(fleet, instance_id="b"), **FAST) as b:

@@ -201,3 +201,29 @@ def test_hostile_records_on_the_totals_topic_change_nothing(broker):
         assert "Traceback" not in p.log_text()
     finally:
         p.stop()
+
+
+@pytest.mark.slow
+def test_a_restarted_member_reads_the_totals_inside_the_window_and_does_not_burst(broker):
+    """As with the flat exchange: a member started while the tenant's window is full of the
+    fleet's usage reads the totals inside it first (whoever owned them then), so a greedy
+    producer through it gets no fresh burst."""
+    fleet = owners_fleet(broker, ("tenant",), 2)
+    late: list[ProxyProcess] = []
+    try:
+        settled(fleet)
+        topic = fresh_topic(broker, "restart")
+        run([(p.bootstrap, "tenant", topic, 4.0 / RUN_S) for p in fleet])  # 4 s: the window fills up
+        fleet[1].process.kill()
+        fleet[1].process.wait(5)
+        deadline = time.monotonic() + TIMEOUT_MS / 1000 + 10
+        while fleet[0].metric_sum("kqp_fleet_members") != 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        late = owners_fleet(broker, ("tenant",), 1)
+        settled([fleet[0], late[0]])
+        (after_restart,) = run([(late[0].bootstrap, "tenant", topic, 2.0 / RUN_S)])[0]
+        print(f"owners: restarted member admitted {after_restart / QUOTA:.2f} x quota in 2 s")
+        assert after_restart <= 3.0 * QUOTA, after_restart / QUOTA  # a fresh burst would be ~10 x quota
+    finally:
+        for p in fleet + late:
+            p.stop()
