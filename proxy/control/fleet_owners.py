@@ -64,7 +64,7 @@ def totals_topic(usage_topic: str) -> str:
 
 
 def heartbeat_ms(config: FleetConfig) -> int:
-    """How often a member says it is there: four times a member timeout, at most every interval."""
+    """How often a member says it is there: four times in a member timeout, at most once an interval."""
     return max(config.sync_interval_ms, config.member_timeout_ms // 4)
 
 
