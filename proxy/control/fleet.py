@@ -315,7 +315,8 @@ class FleetExchange:
                     "fleet_budget", logging.WARNING, "fleet topic %s: a report of %d entries from %s dropped unread: "
                     "past fleet.max_remote_entries_per_s (%d)", self.config.topic, count, head.instance_id,
                     self.config.max_remote_entries_per_s)
-                self._counts(head, now)
+                if counts:
+                    self._counts(head, now)
                 return None
             head, entries = self._decoder.decode(value or b"", read)
         except BadReport as exc:

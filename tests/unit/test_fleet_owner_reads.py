@@ -132,3 +132,15 @@ def test_the_history_read_at_start_is_taken_from_whoever_owned_it_then():
     fleet.loaded.set()
     apply(fleet, [totals_value("gone", 20, 30, 100.0)])  # now only its owner's (this one, alone)
     assert remote(fleet) == 500.0 and fleet.ignored["not_owner"] == 1
+
+
+def test_a_report_flood_on_an_owned_partition_makes_no_one_a_member():
+    """Reports on the usage topic never make members with owners (heartbeats do): not even a
+    report dropped unread past the budget, which the flat exchange still counts as a heartbeat."""
+    fleet = exchange(Clock())
+    now = int(time.time() * 1000)
+    entries = tuple(UsageEntry(PRODUCER_BYTE_RATE, None, f"c{i}", 1.0) for i in range(MAX_RECORD_ENTRIES))
+    flood = [encode_report(UsageReport("forger", 1, seq, now, 250, entries))[0] for seq in range(2)]
+    fleet._reader.next_offsets = {0: 0}
+    asyncio.run(fleet._apply_owned(records(flood), {0: 0}, 0))  # the second is past a second's budget
+    assert fleet.ignored["over_budget"] >= 1 and fleet.size() == 1
