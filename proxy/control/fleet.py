@@ -242,10 +242,16 @@ class FleetExchange:
     # -- reading --------------------------------------------------------------------------
 
     async def _apply(self, data: bytes, offsets: dict[int, int], partition: int) -> None:
-        """Applies the reports in ``data`` from ``offsets[partition]`` on. Their entries are summed
-        per entity first and each entity's sum applied once (the same samples, at the same
-        instant: a member's cost grows with the entities, not with the reports naming them), a
-        slice of about APPLY_SLICE_ENTRIES entries at a time, the loop given a turn between two.
+        """Applies the reports in ``data`` from ``offsets[partition]`` on (see :meth:`_apply_read`)."""
+        await self._apply_read(self._reader, data, offsets, partition, self._read_value)
+
+    async def _apply_read(self, reader: TopicReader, data: bytes, offsets: dict[int, int], partition: int,
+                          read_value: Callable[[bytes | None, int, dict[EntityKey, list[float]]], int]) -> None:
+        """Applies what ``read_value`` makes of each record in ``data`` (one partition of
+        ``reader``'s topic) from ``offsets[partition]`` on. Entries are summed per entity first and
+        each entity's sum applied once (the same samples, at the same instant: a member's cost
+        grows with the entities, not with the records naming them), a slice of about
+        APPLY_SLICE_ENTRIES entries at a time, the loop given a turn between two.
         ``offsets[partition]`` (and where a reconnect reads from) moves past a slice only once it
         is applied: a read cut short applies nothing twice and loses nothing read."""
         records = RecordsFrom(data, offsets[partition])
@@ -253,15 +259,15 @@ class FleetExchange:
         sums: dict[EntityKey, list[float]] = {}  # entity -> [amount, entries]
         read = 0  # entries summed since the last slice was applied
         for value in records:
-            read += self._read_value(value, now, sums)
+            read += read_value(value, now, sums)
             if read >= APPLY_SLICE_ENTRIES:
                 self._add(sums, now)
-                offsets[partition] = self._reader.next_offsets[partition] = records.end
+                offsets[partition] = reader.next_offsets[partition] = records.end
                 sums, read = {}, 0
                 await asyncio.sleep(0)
                 now = self._clock()
         self._add(sums, now)
-        offsets[partition] = self._reader.next_offsets[partition] = records.end
+        offsets[partition] = reader.next_offsets[partition] = records.end
 
     @property
     def bytes_read(self) -> int:
@@ -307,15 +313,8 @@ class FleetExchange:
             mine = head.instance_id == self.instance_id and head.incarnation == self.incarnation
             if mine and not own:
                 return None  # our own: already in our samples
-            if count and not mine and not self._budget.take(count, now, self.loaded.is_set()):
-                # Its entries are dropped unread; it still tells who is in the fleet.
-                self.ignored["over_budget"] += 1
-                self.remote_dropped += count
-                self._cluster.dialer.log_failure(
-                    "fleet_budget", logging.WARNING, "fleet topic %s: a report of %d entries from %s dropped unread: "
-                    "past fleet.max_remote_entries_per_s (%d)", self.config.topic, count, head.instance_id,
-                    self.config.max_remote_entries_per_s)
-                if counts:
+            if count and not mine and not self._within_budget(count, now, "a report", head.instance_id):
+                if counts:  # its entries are dropped unread; it still tells who is in the fleet
                     self._counts(head, now)
                 return None
             head, entries = self._decoder.decode(value or b"", read)
@@ -325,6 +324,18 @@ class FleetExchange:
         if counts and not mine and not self._counts(head, now):
             return None
         return head, entries
+
+    def _within_budget(self, count: int, now: int, what: str, sender: str) -> bool:
+        """Whether ``count`` more entries may be read now (fleet.max_remote_entries_per_s); if
+        not, they are counted as dropped and logged (rate-limited)."""
+        if self._budget.take(count, now, self.loaded.is_set()):
+            return True
+        self.ignored["over_budget"] += 1
+        self.remote_dropped += count
+        self._cluster.dialer.log_failure(
+            "fleet_budget", logging.WARNING, "fleet: %s of %d entries from %s dropped unread: past "
+            "fleet.max_remote_entries_per_s (%d)", what, count, sender, self.config.max_remote_entries_per_s)
+        return False
 
     def _ignore(self, exc: BadReport) -> None:
         self.ignored[exc.reason] += 1

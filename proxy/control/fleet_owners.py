@@ -116,14 +116,18 @@ class OwnersExchange(FleetExchange):
     def member_ages(self) -> list[tuple[str, int]]:
         """(owner, this instance's clock when its last totals were applied) for every partition
         owner now, this one included: how fresh the fleet's usage read here is (``kqp_fleet_sync_lag_seconds``)."""
-        owners = set(self.ownership.owners([self.instance_id, *(m for m, _ in self.members.live())]))
+        owners = set(self.ownership.owners(self._live()))
         return sorted((owner, at) for owner, at in self._applied_from.items() if owner in owners)
 
     def owned(self) -> list[int]:
         """The partitions this member owns now (none until the totals inside the window are read)."""
         if not self.loaded.is_set():
             return []
-        return self.ownership.owned([self.instance_id, *(member for member, _ in self.members.live())])
+        return self.ownership.owned(self._live())
+
+    def _live(self) -> list[str]:
+        """The live members (their heartbeats), this one included."""
+        return [self.instance_id, *(member for member, _ in self.members.live())]
 
     # -- publishing -----------------------------------------------------------------------
 
@@ -151,9 +155,7 @@ class OwnersExchange(FleetExchange):
                         self.config.sync_interval_ms)))
                 self._seq += 1
             except FAILURES as exc:
-                self._failed("write", exc)
-                if self._totals_producer is not None:
-                    self._totals_producer.failed(exc)
+                self._totals_failed(exc)
             await asyncio.sleep(period_s)
 
     async def _publish_totals(self) -> None:
@@ -182,9 +184,12 @@ class OwnersExchange(FleetExchange):
                         del self._unsent[:n]
                         self.totals_sent += n
             except FAILURES as exc:
-                self._failed("write", exc)
-                if self._totals_producer is not None:
-                    self._totals_producer.failed(exc)
+                self._totals_failed(exc)
+
+    def _totals_failed(self, exc: BaseException) -> None:
+        self._failed("write", exc)
+        if self._totals_producer is not None:
+            self._totals_producer.failed(exc)
 
     async def _write_totals(self, values: list[bytes]) -> None:
         # Heartbeats and totals share the producer: one batch at a time (its sequence numbers).
@@ -250,30 +255,21 @@ class OwnersExchange(FleetExchange):
     async def _apply_totals(self, data: bytes, offsets: dict[int, int], partition: int) -> None:
         """Applies the heartbeats and totals in ``data`` from ``offsets[partition]`` on, a slice
         at a time as the flat exchange applies reports."""
-        records = RecordsFrom(data, offsets[partition])
-        now = self._clock()
-        sums: dict[EntityKey, list[float]] = {}
-        read = 0
-        for value in records:
-            if (value or b"")[:4] == REPORT_MAGIC:
-                self._decoded(value, now)  # a heartbeat: who is in the fleet
-            else:
-                read += self._read_totals(value or b"", now, sums)
-            if read >= APPLY_SLICE_ENTRIES:
-                self._add(sums, now)
-                offsets[partition] = self._totals.next_offsets[partition] = records.end
-                sums, read = {}, 0
-                await asyncio.sleep(0)
-                now = self._clock()
-        self._add(sums, now)
-        offsets[partition] = self._totals.next_offsets[partition] = records.end
+        await self._apply_read(self._totals, data, offsets, partition, self._read_totals_topic)
+
+    def _read_totals_topic(self, value: bytes | None, now: int, sums: dict[EntityKey, list[float]]) -> int:
+        value = value or b""
+        if value[:4] == REPORT_MAGIC:
+            self._decoded(value, now)  # a heartbeat: who is in the fleet
+            return 0
+        return self._read_totals(value, now, sums)
 
     def _read_totals(self, value: bytes, now: int, sums: dict[EntityKey, list[float]]) -> int:
         """Adds the others' part of one totals record to ``sums``; the entries read."""
         try:
             head = totals_head(value)
             totals = head.totals
-            owners = self.ownership.owners([self.instance_id, *(member for member, _ in self.members.live())])
+            owners = self.ownership.owners(self._live())
             # Only from the partition's owner here: a made-up owner, or one whose partition moved,
             # changes nothing. The history read at start is taken from whoever owned it then
             # (each range once): a restart does not forget the usage inside the window.
@@ -282,13 +278,7 @@ class OwnersExchange(FleetExchange):
                 self.ignored["not_owner"] += 1
                 return 0
             count = head.read.announced
-            if count and not self._budget.take(count, now, self.loaded.is_set()):
-                self.ignored["over_budget"] += 1
-                self.remote_dropped += count
-                self._cluster.dialer.log_failure(
-                    "fleet_budget", logging.WARNING, "fleet topic %s: totals of %d entries from %s dropped unread: "
-                    "past fleet.max_remote_entries_per_s (%d)", self._totals.topic, count, totals.owner_id,
-                    self.config.max_remote_entries_per_s)
+            if count and not self._within_budget(count, now, "totals", totals.owner_id):
                 return 0
             _, entries = self._decoder.decode(value, head.read)
         except BadReport as exc:
